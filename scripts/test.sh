@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One command from a clean clone: set everything up, lint, type-check and run the whole test suite.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/setup.sh"
+cd "$ROOT"
+echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
+echo "== mypy" && .venv/bin/mypy
+echo "== pytest" && .venv/bin/python -m pytest "$@"

@@ -1,0 +1,146 @@
+"""The `layerswap` command line: merge, analyze, examples (and, later, serve and worker).
+
+Heavy modules (torch, the engine) are imported inside commands so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Layerswap: merge fine-tuned LLM checkpoints (layer swap, soup, task arithmetic, TIES)."""
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """Every expected failure ends as one line on stderr and a non-zero exit code."""
+    from worker.engine.errors import EngineError
+
+    try:
+        yield
+    except EngineError as e:
+        click.echo(f"layerswap: error [{e.code}]: {e.message}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("layerswap: interrupted; no output was left behind", err=True)
+        sys.exit(130)
+
+
+def load_recipe_file(path: Path) -> Any:
+    from worker.engine.errors import RecipeError
+    from worker.engine.recipe import parse_recipe
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RecipeError.for_field("recipe", f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise RecipeError.for_field("recipe", f"{path} is not valid YAML: {e}") from None
+    return parse_recipe(data)
+
+
+def local_resolver(root: Path) -> Callable[[str], Path]:
+    """Recipe sources are directories, relative to the recipe file."""
+    from worker.engine.planner import reject_unknown_source
+
+    def resolve(source: str) -> Path:
+        reject_unknown_source(source)
+        return (root / source).resolve()
+
+    return resolve
+
+
+@cli.command()
+@click.argument("recipe_file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.option("--dry-run", is_flag=True, help="Print the per-layer plan and write nothing.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@click.option("--no-fsync", is_flag=True, help="Skip fsync before publishing (faster, less safe).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def merge(
+    recipe_file: Path,
+    out_dir: Path,
+    dry_run: bool,
+    device: str,
+    overwrite: bool,
+    no_fsync: bool,
+    quiet: bool,
+) -> None:
+    """Merge the checkpoints named in RECIPE_FILE (YAML) into --out."""
+    with engine_errors():
+        from worker.engine.merge import MergeOptions, check_output
+        from worker.engine.merge import merge as run_merge
+        from worker.engine.planner import make_plan
+
+        recipe = load_recipe_file(recipe_file)
+        resolve = local_resolver(recipe_file.parent)
+        if dry_run:
+            plan = make_plan(recipe, resolve=resolve)
+            plan.close()
+            click.echo(plan.table())
+            return
+        check_output(out_dir, overwrite=overwrite)
+        options = MergeOptions(
+            device=device, durable=not no_fsync, overwrite=overwrite, hash_cache=hash_cache_dir()
+        )
+        with progress_bar(disabled=quiet) as on_progress:
+            result = run_merge(
+                recipe, out_dir, resolve=resolve, options=options, on_progress=on_progress
+            )
+        for warning in result.manifest["warnings"]:
+            click.echo(f"warning: {warning}", err=True)
+        size = sum((result.out_dir / name).stat().st_size for name in result.files)
+        click.echo(
+            f"merged into {result.out_dir} ({len(result.files)} files, {size / 1e9:.3f} GB) "
+            f"in {result.seconds:.1f} s; plan {result.plan_digest[:12]}"
+        )
+
+
+def hash_cache_dir() -> Path:
+    import os
+
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("LAYERSWAP_CACHE_DIR") or Path(root) / "layerswap") / "sha256"
+
+
+@contextmanager
+def progress_bar(*, disabled: bool) -> Iterator[Callable[[Any], None]]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="B", unit_scale=True, disable=disabled, desc="merging")
+
+    def update(p: Any) -> None:
+        bar.total = p.bytes_total
+        bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
+        bar.update(p.bytes_done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+@cli.command()
+@click.argument("out_dir", type=click.Path(path_type=Path, file_okay=False))
+def examples(out_dir: Path) -> None:
+    """Create tiny example checkpoints (base, math, swh) and one recipe per method."""
+    from worker.examples import make_examples
+
+    made = make_examples(out_dir)
+    for name, path in made.items():
+        click.echo(f"{name:>28}  {path}")
+    click.echo(f"try: layerswap merge {out_dir}/layer_swap.yaml --out {out_dir}/merged")
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,73 @@
+"""Engine errors: each has a stable `code`, a human message and JSON-able details.
+
+They are plain data (picklable), so they survive crossing a process or Celery boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose (anything else is a bug)."""
+
+    code = "engine_error"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+def _rebuild(cls: type[EngineError], message: str, details: dict[str, Any]) -> EngineError:
+    return cls(message, details=details)
+
+
+class RecipeError(EngineError):
+    """The recipe is invalid; `details["field"]` names the offending field."""
+
+    code = "invalid_recipe"
+
+    @classmethod
+    def for_field(cls, field: str, problem: str) -> RecipeError:
+        return cls(f"{field}: {problem}", details={"field": field})
+
+
+class CheckpointError(EngineError):
+    """A checkpoint is missing, malformed or unsafe; `details["path"]` names the file."""
+
+    code = "invalid_checkpoint"
+
+    @classmethod
+    def at(cls, path: object, problem: str) -> CheckpointError:
+        return cls(f"{path}: {problem}", details={"path": str(path)})
+
+
+class IncompatibleCheckpointsError(EngineError):
+    """Inputs disagree on architecture, tensor names, shapes or dtypes (listed by name)."""
+
+    code = "incompatible_checkpoints"
+
+
+class OutputError(EngineError):
+    """The output location cannot be used (exists, not writable)."""
+
+    code = "output_error"
+
+
+class DeviceError(EngineError):
+    """The requested compute device is not available."""
+
+    code = "device_unavailable"
+
+
+class MergeCanceled(EngineError):
+    """The caller asked to stop; nothing was left behind."""
+
+    code = "canceled"

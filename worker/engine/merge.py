@@ -1,0 +1,233 @@
+"""Run a plan: stream every output tensor into shards in a staging directory, then publish it.
+
+The output appears atomically: everything is written beside the target, fsynced, and renamed
+into place only when complete; any failure or cancellation removes the staging directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from worker.engine.digests import file_sha256
+from worker.engine.errors import DeviceError, OutputError
+from worker.engine.plan import Plan, Shard
+from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
+from worker.engine.progress import CancelCheck, ProgressCallback
+from worker.engine.recipe import Recipe, recipe_to_dict
+from worker.engine.safetensors_format import encode_header
+from worker.engine.writer import OutputWriter
+
+MANIFEST = "layerswap.json"
+ENGINE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    device: str = "cpu"
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    durable: bool = True  # fsync files and directory before the rename
+    hash_cache: Path | None = None  # remembers input sha256s across runs
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    out_dir: Path
+    files: dict[str, str]  # file name -> sha256, every file in out_dir
+    plan_digest: str
+    manifest: dict[str, Any]
+    seconds: float
+
+
+def merge(
+    recipe: Recipe,
+    out_dir: Path,
+    *,
+    resolve: Resolver,
+    options: MergeOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> MergeResult:
+    """Plan and execute a recipe into `out_dir` (which must not exist unless overwrite)."""
+    options = options or MergeOptions()
+    check_output(out_dir, overwrite=options.overwrite)
+    plan = make_plan(recipe, resolve=resolve, chunk_elements=options.chunk_elements)
+    try:
+        return execute(plan, recipe, out_dir, options, on_progress, should_cancel)
+    finally:
+        plan.close()
+
+
+def check_output(out_dir: Path, *, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"{out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputError(f"{out_dir}: already exists and is not empty (use overwrite)")
+
+
+def execute(
+    plan: Plan,
+    recipe: Recipe,
+    out_dir: Path,
+    options: MergeOptions,
+    on_progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> MergeResult:
+    from worker.engine.streaming import stream_shards
+
+    device = resolve_device(options.device)
+    started = time.monotonic()
+    out_dir = out_dir.absolute()
+    staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
+    with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
+        inputs = pool.submit(_identify_inputs, plan, options.hash_cache)
+        try:
+            writer = OutputWriter(staging, durable=options.durable)
+            stream_shards(
+                plan, writer, device=device, chunk_elements=options.chunk_elements,
+                on_progress=on_progress, should_cancel=should_cancel, started=started,
+            )  # fmt: skip
+            files = dict(writer.digests)
+            files.update(_write_side_files(plan, staging))
+            manifest = _manifest(plan, recipe, inputs, files)
+            files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
+            _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
+
+
+def resolve_device(name: str) -> Any:
+    import torch
+
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {name!r} requested but no CUDA GPU is available")
+        return torch.device(name)
+    raise DeviceError(f"unknown device {name!r} (use cpu or cuda)")
+
+
+def shard_header(plan: Plan, shard: Shard) -> bytes:
+    entries: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for index in shard.tensors:
+        t = plan.tensors[index]
+        entries[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
+        offset += t.nbytes
+    return encode_header(entries, {"format": "pt"})
+
+
+def _write_side_files(plan: Plan, staging: Path) -> dict[str, str]:
+    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input."""
+    written: dict[str, str] = {}
+    if len(plan.shards) > 1:
+        weight_map = {plan.tensors[i].name: s.filename for s in plan.shards for i in s.tensors}
+        index = {"metadata": {"total_size": plan.total_bytes}, "weight_map": weight_map}
+        written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
+    config_dir = Path(plan.inputs[plan.config_input].path)
+    tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
+    copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
+    copies += [(tokenizer_dir, n) for n in TOKENIZER_FILES]
+    for directory, name in copies:
+        if (directory / name).is_file():
+            shutil.copyfile(directory / name, staging / name)
+            written[name] = file_sha256(staging / name)
+    _warn_tokenizer_mismatch(plan)
+    return written
+
+
+def _warn_tokenizer_mismatch(plan: Plan) -> None:
+    reference = Path(plan.inputs[plan.tokenizer_input].path) / "tokenizer.json"
+    if not reference.is_file():
+        return
+    digest = file_sha256(reference)
+    for ref in plan.inputs:
+        other = Path(ref.path) / "tokenizer.json"
+        if other.is_file() and file_sha256(other) != digest:
+            plan.warnings.append(
+                f"tokenizer.json of {ref.label} differs from "
+                f"{plan.inputs[plan.tokenizer_input].label}'s, which was used"
+            )
+
+
+def _identify_inputs(plan: Plan, cache: Path | None) -> list[dict[str, Any]]:
+    identities = []
+    for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
+        files = sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
+        identities.append({
+            "label": ref.label,
+            "role": ref.role,
+            "source": ref.source,
+            "files": {f.name: file_sha256(f, cache) for f in files},
+        })  # fmt: skip
+    return identities
+
+
+def _manifest(
+    plan: Plan,
+    recipe: Recipe,
+    inputs: Future[list[dict[str, Any]]],
+    files: dict[str, str],
+) -> dict[str, Any]:
+    return {
+        "layerswap_engine": ENGINE_VERSION,
+        "recipe": recipe_to_dict(recipe),
+        "inputs": inputs.result(),
+        "resolved_weights": plan.resolved_weights,
+        "plan_digest": plan.digest(),
+        "layers": [
+            {"layer": r.layer, "origin": r.origin, "made_from": r.terms} for r in plan.layer_rows()
+        ],
+        "outputs": dict(sorted(files.items())),
+        "warnings": plan.warnings,
+    }
+
+
+def _write_json(path: Path, data: Any) -> str:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return file_sha256(path)
+
+
+def _publish(staging: Path, out_dir: Path, *, durable: bool, overwrite: bool) -> None:
+    if durable:
+        for entry in staging.iterdir():
+            _fsync(entry)
+        _fsync(staging)
+    previous = None
+    if out_dir.exists():
+        check_output(out_dir, overwrite=overwrite)
+        previous = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out_dir, previous)
+    os.rename(staging, out_dir)
+    if durable:
+        _fsync(out_dir.parent)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
