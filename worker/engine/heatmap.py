@@ -20,7 +20,7 @@ def _grid(delta: ExpertDelta) -> list[list[float]]:
 
 def _size(result: AnalysisResult) -> tuple[float, float]:
     width = len(result.experts) * (1.6 + 0.4 * max(len(result.kinds), 4))
-    height = min(16.0, 2.0 + 0.28 * result.layers)
+    height = min(16.0, max(3.8, 2.2 + 0.28 * result.layers))
     return width, height
 
 
@@ -29,9 +29,12 @@ def _draw_boundaries(ax: Any, result: AnalysisResult) -> None:
     suggestion = result.suggestion
     if suggestion is None:
         return
-    lines = [(suggestion.bottom - 0.5, f"bottom={suggestion.bottom}")]
-    lines.append((result.layers - suggestion.top - 0.5, f"top={suggestion.top}"))
-    for y, label in lines:
+    lines = [(suggestion.bottom, suggestion.bottom - 0.5, "bottom")]
+    lines.append((suggestion.top, result.layers - suggestion.top - 0.5, "top"))
+    for count, y, name in lines:
+        if count == 0:
+            continue  # a line on the frame would hide nothing useful; the title says 0
+        label = f"{name}={count}"
         ax.axhline(y, color="white", linewidth=2.0, linestyle="--")
         ax.annotate(
             label, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(3, 0),
@@ -51,7 +54,7 @@ def _draw_expert(fig: Any, ax: Any, result: AnalysisResult, delta: ExpertDelta) 
     ax.set_ylabel("layer")
     ax.set_title(f"{delta.label} (m={delta.magnitude:.3g})", fontsize=10)
     _draw_boundaries(ax, result)
-    fig.colorbar(image, ax=ax, label="fraction of rows above threshold", fraction=0.08)
+    fig.colorbar(image, ax=ax, label="fraction of rows > threshold", fraction=0.08)
 
 
 def plot_heatmap(result: AnalysisResult, path: Path) -> Path:
@@ -64,9 +67,12 @@ def plot_heatmap(result: AnalysisResult, path: Path) -> Path:
     axes = fig.subplots(1, len(result.experts), squeeze=False)[0]
     for ax, delta in zip(axes, result.experts, strict=True):
         _draw_expert(fig, ax, result, delta)
-    title = f"Row MAV vs base > {result.threshold:.3g}"
-    if result.suggestion is not None:
-        title += " — dashed: suggested swap boundaries (heuristic)"
+    title = f"colour: fraction of rows whose MAV vs base > {result.threshold:.3g}"
+    if (s := result.suggestion) is not None:
+        title += (
+            f"\nheuristic swap suggestion (task={s.task}, language={s.language}): "
+            f"bottom={s.bottom}, top={s.top} (dashed lines)"
+        )
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     return path

@@ -1,0 +1,161 @@
+"""Session-wide tiny real checkpoints (built once) and a helper that runs the engine on them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import stringify
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+LAYERS = 6
+# Per-layer noise (relative to each tensor's std): the task expert changes the middle most,
+# the language experts the ends, so magnitudes differ between roles.
+TASK_SCALE = (0.01, 0.06, 0.08, 0.08, 0.06, 0.01)
+LANGUAGE_SCALE = (0.08, 0.02, 0.01, 0.01, 0.02, 0.08)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One base and experts fine-tuned from it (all real Hugging Face checkpoints)."""
+
+    base: Path
+    task: Path
+    language: Path
+    task2: Path | None = None
+    language2: Path | None = None
+    language3: Path | None = None
+
+    @property
+    def num_layers(self) -> int:
+        import json
+
+        return int(json.loads((self.base / "config.json").read_text())["num_hidden_layers"])
+
+
+def _family(
+    root: Path,
+    *,
+    arch: str = "llama",
+    layers: int = LAYERS,
+    dtype: torch.dtype = torch.bfloat16,
+    tie_embeddings: bool = False,
+    extra: bool = False,
+    seed: int = 0,
+) -> Family:
+    from worker.examples import make_checkpoint
+
+    def scale(values: tuple[float, ...]) -> list[float]:
+        return [values[round(i * (len(values) - 1) / max(layers - 1, 1))] for i in range(layers)]
+
+    base = make_checkpoint(
+        root / "base", arch=arch, layers=layers, dtype=dtype, tie_embeddings=tie_embeddings,
+        seed=seed,
+    )  # fmt: skip
+
+    def expert(name: str, seed_: int, layer: tuple[float, ...], non_layer: float) -> Path:
+        return make_checkpoint(
+            root / name, base=base, dtype=dtype, seed=seed_, layer_scale=scale(layer),
+            non_layer_scale=non_layer,
+        )  # fmt: skip
+
+    task = expert("task", seed + 1, TASK_SCALE, 0.01)
+    language = expert("language", seed + 2, LANGUAGE_SCALE, 0.03)
+    if not extra:
+        return Family(base, task, language)
+    return Family(
+        base,
+        task,
+        language,
+        task2=expert("task2", seed + 3, TASK_SCALE, 0.02),
+        language2=expert("language2", seed + 4, LANGUAGE_SCALE, 0.02),
+        language3=expert("language3", seed + 5, LANGUAGE_SCALE, 0.05),
+    )
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """bf16 Llama, 6 layers: base, two task experts, three language experts."""
+    return _family(tmp_path_factory.mktemp("llama"), extra=True)
+
+
+@pytest.fixture(scope="session")
+def llama32(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """float32 Llama, 6 layers (for tight numeric checks of non-exact arithmetic)."""
+    return _family(tmp_path_factory.mktemp("llama32"), dtype=torch.float32, extra=True, seed=10)
+
+
+@pytest.fixture(scope="session")
+def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """bf16 Qwen2, 4 layers (q/k/v biases: 1-D tensors inside layers)."""
+    return _family(tmp_path_factory.mktemp("qwen2"), arch="qwen2", layers=4, seed=20)
+
+
+@pytest.fixture(scope="session")
+def gemma_tied(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    """bf16 Gemma, 4 layers, tied embeddings: no lm_head.weight in the files."""
+    return _family(
+        tmp_path_factory.mktemp("gemma"), arch="gemma", layers=4, tie_embeddings=True, seed=30
+    )
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """Sharded copies (same weights) of the bf16 Llama family's base and task expert."""
+
+    base: Path
+    task: Path
+
+
+@pytest.fixture(scope="session")
+def sharded(llama: Family, tmp_path_factory: pytest.TempPathFactory) -> Sharded:
+    from worker.examples import make_checkpoint
+
+    root = tmp_path_factory.mktemp("sharded")
+    zero = [0.0] * LAYERS
+
+    def copy(source: Path, name: str) -> Path:
+        return make_checkpoint(root / name, base=source, layer_scale=zero, shard_size="40KB")
+
+    return Sharded(base=copy(llama.base, "base"), task=copy(llama.task, "task"))
+
+
+# -- running the engine -----------------------------------------------------------------------
+Merge = Callable[..., Any]
+
+
+@pytest.fixture
+def run_merge(tmp_path: Path) -> Merge:
+    """run_merge(recipe_dict, out=None, **MergeOptions) -> MergeResult (sources are paths)."""
+    from worker.engine.merge import MergeOptions, merge
+    from worker.engine.recipe import parse_recipe
+
+    counter = iter(range(1_000_000))
+
+    def run(
+        recipe: dict[str, Any],
+        out: Path | None = None,
+        *,
+        should_cancel: Callable[[], bool] | None = None,
+        **options: Any,
+    ) -> Any:
+        out = out or tmp_path / f"out{next(counter)}"
+        options.setdefault("durable", False)
+        return merge(
+            parse_recipe(stringify(recipe)),
+            out,
+            resolve=Path,
+            options=MergeOptions(**options),
+            should_cancel=should_cancel,
+        )
+
+    return run

@@ -1,0 +1,211 @@
+"""The output directory: loadable by transformers, complete, sharded correctly, verifiable,
+and deterministic."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import Family, Sharded
+from tests.reference import load, raw_tensors, read_header, sha256
+
+SWAP = {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1}
+TEXT = "Natalia sold clips to 48 of her friends. Habari ya asubuhi."
+
+
+def swap_recipe(fam: Family, **output: Any) -> dict[str, Any]:
+    recipe: dict[str, Any] = {
+        "method": "layer_swap",
+        "experts": {"task": [fam.task], "language": [fam.language]},
+        "params": SWAP,
+    }
+    if output:
+        recipe["output"] = output
+    return recipe
+
+
+def assert_forward_pass(out_dir: Path) -> None:
+    """transformers loads the merged checkpoint, with exactly the files' weights, and runs it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(out_dir))
+    model.eval()
+    weights = load(out_dir)
+    state = model.state_dict()
+    for name, tensor in weights.items():
+        assert torch.equal(state[name].to(tensor.dtype), tensor), name
+    if "lm_head.weight" not in weights:  # tied embeddings
+        assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] > 3
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
+    assert bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("family_name", ["llama", "qwen2", "gemma_tied"])
+def test_merged_models_load_and_run(
+    family_name: str, request: pytest.FixtureRequest, run_merge: Any
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    result = run_merge(swap_recipe(fam))
+    assert_forward_pass(result.out_dir)
+
+
+def test_every_method_output_runs(llama: Family, run_merge: Any) -> None:
+    for recipe in (
+        {"method": "soup", "models": [llama.task, llama.language]},
+        {"method": "task_arithmetic", "base": llama.base, "models": [llama.task, llama.language]},
+        {"method": "ties", "base": llama.base, "models": [llama.task, llama.language]},
+        {**swap_recipe(llama), "output": {"dtype": "float32"}},
+    ):
+        assert_forward_pass(run_merge(recipe).out_dir)
+
+
+def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
+    result = run_merge(swap_recipe(llama))
+    out = result.out_dir
+    names = {p.name for p in out.iterdir()}
+    assert names == {
+        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+        "tokenizer_config.json", "layerswap.json",
+    }  # fmt: skip
+    assert not list(out.parent.glob(f".{out.name}.*"))
+    # config + generation config from the task expert, tokenizer from the language expert
+    for name in ("config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (llama.task / name).read_bytes()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (llama.language / name).read_bytes()
+
+    manifest = json.loads((out / "layerswap.json").read_text())
+    assert manifest == result.manifest
+    assert manifest["recipe"]["method"] == "layer_swap"
+    assert manifest["recipe"]["experts"] == {
+        "task": [str(llama.task)], "language": [str(llama.language)]
+    }  # fmt: skip
+    assert manifest["recipe"]["params"]["bottom_transition"] == 1
+    # inputs: identity with the sha256 of every file that was read
+    inputs = {entry["label"]: entry for entry in manifest["inputs"]}
+    assert set(inputs) == {"task[0]", "language[0]"}
+    for label, path in (("task[0]", llama.task), ("language[0]", llama.language)):
+        assert inputs[label]["source"] == str(path)
+        assert inputs[label]["files"] == {
+            "model.safetensors": sha256(path / "model.safetensors"),
+            "config.json": sha256(path / "config.json"),
+        }
+    assert inputs["task[0]"]["role"] == "task"
+    # per-layer provenance
+    layers = [(row["layer"], row["origin"]) for row in manifest["layers"]]
+    assert layers == [("0", "language"), ("1", "transition"), ("2", "task"), ("3", "task"),
+                      ("4", "transition"), ("5", "language"), ("non-layer", "average")]  # fmt: skip
+    assert manifest["layers"][0]["made_from"] == "language[0]"
+    # output sha256s: of every other file, as they are on disk
+    assert set(manifest["outputs"]) == names - {"layerswap.json"}
+    for name, digest in manifest["outputs"].items():
+        assert digest == sha256(out / name), name
+    assert set(result.files) == names
+    for name, digest in result.files.items():
+        assert digest == sha256(out / name), name
+    assert len(manifest["plan_digest"]) == 64
+
+
+def test_sharded_output(llama: Family, run_merge: Any) -> None:
+    result = run_merge(swap_recipe(llama, shard_size="40KB"))
+    out = result.out_dir
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 2
+    assert not (out / "model.safetensors").exists()
+    assert shards == sorted(set(index["weight_map"].values()))
+    total = 0
+    for shard in shards:
+        header, data_start = read_header(out / shard)
+        assert {n for n, f in index["weight_map"].items() if f == shard} == set(header)
+        ends = [entry["data_offsets"][1] for entry in header.values()]
+        assert (out / shard).stat().st_size == data_start + max(ends)
+        total += sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
+        # shard budget respected (one oversize tensor alone is allowed)
+        assert max(ends) <= 40_000 or len(header) == 1
+    assert index["metadata"]["total_size"] == total
+    assert "model.safetensors.index.json" in result.manifest["outputs"]
+    for name in shards:
+        assert result.manifest["outputs"][name] == sha256(out / name)
+    # Same tensors, same bytes as the unsharded output.
+    single = run_merge(swap_recipe(llama))
+    assert raw_tensors(out) == raw_tensors(single.out_dir)
+    assert_forward_pass(out)
+
+
+def test_sharded_inputs(llama: Family, sharded: Sharded, run_merge: Any) -> None:
+    assert (sharded.task / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.task.glob("*.safetensors"))) > 2
+    plain = run_merge(swap_recipe(llama))
+    recipe = swap_recipe(llama)
+    recipe["experts"] = {"task": [sharded.task], "language": [llama.language]}
+    result = run_merge(recipe)
+    assert sha256(result.out_dir / "model.safetensors") == sha256(
+        plain.out_dir / "model.safetensors"
+    )
+    task_input = next(i for i in result.manifest["inputs"] if i["label"] == "task[0]")
+    expected = {p.name: sha256(p) for p in sharded.task.glob("*.safetensors")}
+    expected["config.json"] = sha256(sharded.task / "config.json")
+    assert task_input["files"] == expected
+
+
+def test_determinism(llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    """Two runs of the same recipe give byte-identical files (durable and not)."""
+    for recipe in (
+        swap_recipe(llama, shard_size="60KB"),
+        {"method": "ties", "base": llama.base, "models": [llama.task, llama.language],
+         "params": {"density": 0.5}},
+    ):  # fmt: skip
+        first = run_merge(recipe, durable=True)
+        second = run_merge(recipe)
+        assert first.files == second.files
+        names = sorted(p.name for p in first.out_dir.iterdir())
+        assert names == sorted(p.name for p in second.out_dir.iterdir())
+        for name in names:
+            assert sha256(first.out_dir / name) == sha256(second.out_dir / name), name
+        assert first.plan_digest == second.plan_digest
+
+
+def test_tokenizer_mismatch_is_a_warning(llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    odd = tmp_path / "odd-language"
+    shutil.copytree(llama.language, odd)
+    tokenizer = json.loads((odd / "tokenizer.json").read_text())
+    (odd / "tokenizer.json").write_text(json.dumps(tokenizer, indent=1))
+    recipe = swap_recipe(llama)
+    recipe["experts"] = {"task": [llama.task], "language": [odd]}
+    result = run_merge(recipe)
+    assert any("tokenizer.json" in w for w in result.manifest["warnings"])
+    assert (result.out_dir / "tokenizer.json").read_bytes() == (odd / "tokenizer.json").read_bytes()
+
+
+def test_unused_base_is_a_warning(llama: Family, run_merge: Any) -> None:
+    result = run_merge({"method": "soup", "base": llama.base,
+                        "models": [llama.task, llama.language]})  # fmt: skip
+    assert any("not used" in w for w in result.manifest["warnings"])
+    assert all(i["label"] != "base" or i["role"] == "base" for i in result.manifest["inputs"])
+
+
+def test_progress_reports(llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    from worker.engine.merge import MergeOptions, merge
+    from worker.engine.recipe import parse_recipe
+    from tests.helpers import stringify
+
+    reports: list[Any] = []
+    merge(parse_recipe(stringify(swap_recipe(llama))), tmp_path / "progress", resolve=Path,
+          options=MergeOptions(durable=False), on_progress=reports.append)  # fmt: skip
+    merging = [r for r in reports if r.stage == "merging"]
+    assert merging and reports[-1].stage == "finalizing"
+    assert reports[-1].tensors_done == reports[-1].tensors_total > 0
+    assert reports[-1].bytes_done == reports[-1].bytes_total
+    done = [r.tensors_done for r in merging]
+    assert done == sorted(done)

@@ -1,0 +1,166 @@
+"""TIES (DESIGN.md §3.4) against a whole-tensor in-memory reference, incl. the radix-select path."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import Family
+from tests.reference import assert_within_ulps, load, sha256, ties
+
+CASES: dict[str, dict[str, Any]] = {
+    "d0.5-normalize": {"density": 0.5, "normalize": True},
+    "d1.0-normalize": {"density": 1.0, "normalize": True},
+    "d0.5-no-normalize": {"density": 0.5, "normalize": False},
+    "d1.0-no-normalize-lambda": {"density": 1.0, "normalize": False, "lambda": 0.6},
+    "d0.3-lambda-weights": {"density": 0.3, "lambda": 1.4, "weights": [1.0, 0.5]},
+    "d0.5-weights-no-normalize": {"density": 0.5, "normalize": False, "weights": [0.2, 0.9]},
+}
+
+
+def check_ties(fam: Family, models: list[str], params: dict[str, Any], out_dir: Any) -> int:
+    """Compare an engine output with the reference; return how many tensors changed."""
+    base = load(fam.base)
+    inputs = [load(getattr(fam, m)) for m in models]
+    weights = params.get("weights", [1.0] * len(models))
+    out = load(out_dir)
+    assert set(out) == set(base)
+    changed = 0
+    for name, b in base.items():
+        expected = ties(
+            b, [m[name] for m in inputs], weights,
+            density=params.get("density", 0.5), lambda_=params.get("lambda", 1.0),
+            normalize=params.get("normalize", True),
+        )  # fmt: skip
+        assert out[name].dtype == b.dtype
+        # float32 arithmetic in a possibly different order: at most 1 ulp of the output dtype,
+        # with float32 slack where the result cancels to ~0.
+        slack = 4 * torch.finfo(torch.float32).eps * (
+            b.float().abs() + sum(w * (m[name].float() - b.float()).abs()
+                                  for w, m in zip(weights, inputs, strict=True))
+        )  # fmt: skip
+        assert_within_ulps(out[name], expected, 1, name, slack)
+        changed += int(not torch.equal(out[name], b))
+    return changed
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+def test_ties_matches_reference(
+    case: str, family_name: str, request: pytest.FixtureRequest, run_merge: Any
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    params = CASES[case]
+    result = run_merge(
+        {"method": "ties", "base": fam.base, "models": [fam.task, fam.language],
+         "params": params}
+    )  # fmt: skip
+    assert check_ties(fam, ["task", "language"], params, result.out_dir) > 0
+
+
+def test_ties_three_models(llama: Family, run_merge: Any) -> None:
+    params = {"density": 0.4, "weights": [0.3, 1.0, 2.0], "lambda": 0.9}
+    models = ["task", "language", "language2"]
+    result = run_merge(
+        {"method": "ties", "base": llama.base, "models": [getattr(llama, m) for m in models],
+         "params": params}
+    )  # fmt: skip
+    assert check_ties(llama, models, params, result.out_dir) > 0
+
+
+def test_ties_density_changes_the_result(llama32: Family, run_merge: Any) -> None:
+    """The trim really trims: density 0.5 and 1.0 give different tensors, and at 0.5 about
+    half of one expert's deltas are dropped where the other expert is unchanged."""
+    recipe = {"method": "ties", "base": llama32.base, "models": [llama32.task, llama32.language]}
+    half = load(run_merge({**recipe, "params": {"density": 0.5}}).out_dir)
+    full = load(run_merge({**recipe, "params": {"density": 1.0}}).out_dir)
+    name = "model.layers.2.mlp.down_proj.weight"
+    assert not torch.equal(half[name], full[name])
+    # With a single expert and no normalisation: out − base = λ·trimmed delta.
+    single = run_merge(
+        {"method": "ties", "base": llama32.base, "models": [llama32.task],
+         "params": {"density": 0.5, "normalize": False}}
+    )  # fmt: skip
+    base, task = load(llama32.base), load(llama32.task)
+    moved = load(single.out_dir)[name] != base[name]
+    assert int(moved.sum()) == math.ceil(0.5 * moved.numel())
+    magnitudes = (task[name] - base[name]).abs()
+    assert float(magnitudes[moved].min()) >= float(magnitudes[~moved].max())
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+def test_ties_radix_select_path(
+    family_name: str, request: pytest.FixtureRequest, run_merge: Any
+) -> None:
+    """With 1000-element chunks every matrix takes the exact multi-chunk k-th-largest path;
+    the result must still match the reference, and byte-for-byte the single-chunk result."""
+    fam: Family = request.getfixturevalue(family_name)
+    params = {"density": 0.5, "weights": [1.0, 0.7], "lambda": 1.2}
+    recipe = {"method": "ties", "base": fam.base, "models": [fam.task, fam.language],
+              "params": params}  # fmt: skip
+    chunked = run_merge(recipe, chunk_elements=1000)
+    whole = run_merge(recipe)
+    assert check_ties(fam, ["task", "language"], params, chunked.out_dir) > 0
+    weights = [n for n in chunked.files if n.endswith(".safetensors")]
+    assert weights
+    for name in weights:
+        assert sha256(chunked.out_dir / name) == sha256(whole.out_dir / name)
+
+
+def test_linear_ops_are_chunk_size_independent(llama: Family, run_merge: Any) -> None:
+    recipe = {"method": "soup", "models": [llama.task, llama.language, llama.language2]}
+    small = run_merge(recipe, chunk_elements=1000)
+    large = run_merge(recipe)
+    assert (small.out_dir / "model.safetensors").read_bytes() == (
+        large.out_dir / "model.safetensors"
+    ).read_bytes()
+
+
+# -- the k-th largest selection itself -------------------------------------------------------
+def _chunked(values: torch.Tensor, size: int) -> Any:
+    def chunks() -> Iterator[torch.Tensor]:
+        for start in range(0, values.numel(), size):
+            yield values[start : start + size]
+
+    return chunks
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.rand(10_000, generator=torch.Generator().manual_seed(0)),
+        torch.randn(7_777, generator=torch.Generator().manual_seed(1)).abs(),
+        # many duplicates and exact zeros (bf16 deltas look like this)
+        torch.randn(5_000, generator=torch.Generator().manual_seed(2))
+        .abs()
+        .to(torch.bfloat16)
+        .float()
+        .masked_fill(torch.arange(5_000) % 3 == 0, 0.0),
+        torch.full((3_000,), 0.25),
+    ],
+    ids=["uniform", "halfnormal", "bf16-duplicates-zeros", "constant"],
+)
+@pytest.mark.parametrize("k_fraction", [0.0001, 0.3, 0.5, 0.999, 1.0])
+def test_kth_largest_radix_select(values: torch.Tensor, k_fraction: float) -> None:
+    from worker.engine.kernels import kth_largest
+
+    numel = values.numel()
+    k = max(1, math.ceil(k_fraction * numel))
+    expected = float(torch.topk(values, k).values[-1])
+    assert kth_largest(_chunked(values, 1000), numel, k) == expected
+    assert kth_largest(_chunked(values, numel), numel, k) == expected
+
+
+def test_ties_sharded_inputs_match_unsharded(
+    llama: Family, sharded: Any, run_merge: Any
+) -> None:
+    params = {"density": 0.5}
+    a = run_merge({"method": "ties", "base": llama.base, "models": [llama.task, llama.language],
+                   "params": params})  # fmt: skip
+    b = run_merge({"method": "ties", "base": sharded.base,
+                   "models": [sharded.task, llama.language], "params": params})  # fmt: skip
+    assert sha256(a.out_dir / "model.safetensors") == sha256(b.out_dir / "model.safetensors")

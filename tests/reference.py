@@ -1,0 +1,203 @@
+"""Independent, deliberately naive reference implementations and file helpers for the tests.
+
+Nothing here imports the engine: the reference reads checkpoints with `safetensors.torch`
+(or parses the raw header with `json`/`struct`) and computes DESIGN.md §3 formulas directly on
+whole tensors in memory, so an engine bug cannot hide behind a shared helper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+Tensors = dict[str, torch.Tensor]
+
+MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+
+
+# -- reading checkpoints ----------------------------------------------------------------------
+def weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return sorted({directory / name for name in weight_map.values()})
+    return sorted(directory.glob("*.safetensors"))
+
+
+def load(directory: Path) -> Tensors:
+    """Every tensor of a checkpoint directory, over all its shards."""
+    tensors: Tensors = {}
+    for file in weight_files(directory):
+        found = load_file(str(file))
+        assert not set(found) & set(tensors), f"tensor in two shards of {directory}"
+        tensors.update(found)
+    return tensors
+
+
+def read_header(file: Path) -> tuple[dict[str, dict], int]:
+    """(header entries without __metadata__, absolute offset of the data region)."""
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def raw_tensors(directory: Path) -> dict[str, bytes]:
+    """The stored bytes of every tensor, straight from the files (no decoding)."""
+    out: dict[str, bytes] = {}
+    for file in weight_files(directory):
+        header, data_start = read_header(file)
+        blob = file.read_bytes()
+        for name, entry in header.items():
+            begin, end = entry["data_offsets"]
+            out[name] = blob[data_start + begin : data_start + end]
+    return out
+
+
+def header_dtypes(directory: Path) -> dict[str, str]:
+    dtypes: dict[str, str] = {}
+    for file in weight_files(directory):
+        header, _ = read_header(file)
+        dtypes.update({name: entry["dtype"] for name, entry in header.items()})
+    return dtypes
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- layer swap -------------------------------------------------------------------------------
+def layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def swap_region(layer: int, num_layers: int, b: int, u: int, tb: int, tu: int) -> str:
+    """DESIGN.md §3.2's table, written out from the two ends inwards."""
+    if layer < b or layer >= num_layers - u:
+        return "language"
+    if layer < b + tb or layer >= num_layers - u - tu:
+        return "transition"
+    return "task"
+
+
+def combine(coefficients: Sequence[float], tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Σ c_i·T_i accumulated in float32, in order (not rounded)."""
+    acc = coefficients[0] * tensors[0].float()
+    for c, t in zip(coefficients[1:], tensors[1:], strict=True):
+        acc = acc + c * t.float()
+    return acc
+
+
+# -- magnitude weights (DESIGN.md §3.3) -------------------------------------------------------
+def magnitude(expert: Tensors, base: Tensors) -> float:
+    """Mean over every 1-D/2-D tensor's row MAVs of |expert − base| (a 1-D tensor is one row)."""
+    row_mavs = []
+    for name, w in expert.items():
+        delta = (w.double() - base[name].double()).abs()
+        if delta.dim() == 1:
+            row_mavs.append(delta.mean().reshape(1))
+        elif delta.dim() == 2:
+            row_mavs.append(delta.mean(dim=1))
+    return float(torch.cat(row_mavs).mean())
+
+
+def inverse_weights(magnitudes: Sequence[float]) -> list[float]:
+    inverse = [1.0 / m for m in magnitudes]
+    return [x / sum(inverse) for x in inverse]
+
+
+# -- TIES (DESIGN.md §3.4) --------------------------------------------------------------------
+def ties(
+    base: torch.Tensor,
+    experts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    *,
+    density: float,
+    lambda_: float,
+    normalize: bool,
+) -> torch.Tensor:
+    """TIES for one tensor, computed in float32 (not rounded)."""
+    b = base.float()
+    trimmed = []
+    for expert in experts:
+        delta = expert.float() - b
+        k = math.ceil(density * delta.numel())
+        kth = torch.topk(delta.abs().flatten(), k).values[-1]
+        trimmed.append(torch.where(delta.abs() >= kth, delta, torch.zeros_like(delta)))
+    weighted = [w * d for w, d in zip(weights, trimmed, strict=True)]
+    total = torch.zeros_like(b)
+    for x in weighted:
+        total = total + x
+    elected = torch.where(total >= 0, 1.0, -1.0)
+    merged = torch.zeros_like(b)
+    divisor = torch.zeros_like(b)
+    for w, x in zip(weights, weighted, strict=True):
+        agrees = torch.sign(x) == elected
+        merged = merged + torch.where(agrees, x, torch.zeros_like(x))
+        divisor = divisor + agrees.float() * w
+    if normalize:
+        merged = merged / torch.where(divisor == 0, torch.ones_like(divisor), divisor)
+    return b + lambda_ * merged
+
+
+# -- comparisons ------------------------------------------------------------------------------
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of `dtype` at |x| (float32 tensor), floored at the smallest normal's."""
+    x = x.float().abs()
+    tiny = torch.finfo(dtype).tiny
+    _, exponent = torch.frexp(torch.clamp(x, min=tiny))
+    return torch.ldexp(torch.ones_like(x), exponent - 1 - MANTISSA_BITS[dtype])
+
+
+def accumulation_slack(
+    coefficients: Sequence[float], tensors: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """A float32 rounding-error bound for Σ c_i·T_i summed in any order: n·eps·Σ|c_i·T_i|.
+
+    Only matters where the sum cancels to (nearly) zero, where one output ulp is tiny.
+    """
+    magnitude = sum(abs(c) * t.float().abs() for c, t in zip(coefficients, tensors, strict=True))
+    return len(tensors) * torch.finfo(torch.float32).eps * torch.as_tensor(magnitude)
+
+
+def assert_within_ulps(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    ulps: float = 1.0,
+    name: str = "",
+    slack: torch.Tensor | float = 0.0,
+) -> None:
+    """|actual − expected| ≤ ulps·ulp(dtype) at the larger of the two (+ float32 `slack`)."""
+    dtype = actual.dtype
+    assert actual.shape == expected.shape, name
+    a, e = actual.float(), expected.float()
+    bound = ulps * ulp(torch.maximum(a.abs(), e.abs()), dtype) + slack
+    excess = (a - e).abs() - bound
+    worst = int(excess.argmax()) if excess.numel() else 0
+    assert bool((excess <= 0).all()), (
+        f"{name}: {int((excess > 0).sum())} elements beyond {ulps} ulp; e.g. "
+        f"actual {a.flatten()[worst].item()!r} expected {e.flatten()[worst].item()!r}"
+    )
+
+
+def assert_equal(actual: torch.Tensor, expected: torch.Tensor, name: str = "") -> None:
+    assert actual.dtype == expected.dtype, f"{name}: {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: {actual.shape} != {expected.shape}"
+    if not torch.equal(actual, expected):
+        diff = (actual.float() - expected.float()).abs()
+        raise AssertionError(
+            f"{name}: {int((diff > 0).sum())} of {diff.numel()} elements differ "
+            f"(max {float(diff.max())})"
+        )
