@@ -43,8 +43,13 @@ def load_recipe_file(path: Path) -> Any:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise RecipeError.for_field("recipe", f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise RecipeError.for_field("recipe", f"{path} is not valid YAML: {e}") from None
+    except yaml.YAMLError as e:  # its str() spans several lines; the CLI promises one
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError.for_field(
+            "recipe", f"{path} is not valid YAML{where}: {problem}"
+        ) from None
     return parse_recipe(data)
 
 
@@ -117,9 +122,14 @@ def hash_cache_dir() -> Path:
 def progress_bar(*, disabled: bool) -> Iterator[Callable[[Any], None]]:
     from tqdm import tqdm
 
-    bar = tqdm(total=0, unit="B", unit_scale=True, disable=disabled, desc="merging")
+    # Created on the first report, so a merge that fails while planning prints only its error.
+    bar: tqdm[Any] | None = None
 
     def update(p: Any) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=p.bytes_total, unit="B", unit_scale=True, disable=disabled,
+                       desc="merging")  # fmt: skip
         bar.total = p.bytes_total
         bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
         bar.update(p.bytes_done - bar.n)
@@ -127,7 +137,8 @@ def progress_bar(*, disabled: bool) -> Iterator[Callable[[Any], None]]:
     try:
         yield update
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
 
 
 @cli.command()

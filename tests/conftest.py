@@ -6,12 +6,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from tests.helpers import stringify
+
+if TYPE_CHECKING:
+    from worker.examples import Arch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,9 +34,9 @@ class Family:
     base: Path
     task: Path
     language: Path
-    task2: Path | None = None
-    language2: Path | None = None
-    language3: Path | None = None
+    task2: Path  # more experts, for multi-expert souping
+    language2: Path
+    language3: Path
 
     @property
     def num_layers(self) -> int:
@@ -45,11 +48,10 @@ class Family:
 def _family(
     root: Path,
     *,
-    arch: str = "llama",
+    arch: Arch = "llama",
     layers: int = LAYERS,
     dtype: torch.dtype = torch.bfloat16,
     tie_embeddings: bool = False,
-    extra: bool = False,
     seed: int = 0,
 ) -> Family:
     from worker.examples import make_checkpoint
@@ -58,20 +60,26 @@ def _family(
         return [values[round(i * (len(values) - 1) / max(layers - 1, 1))] for i in range(layers)]
 
     base = make_checkpoint(
-        root / "base", arch=arch, layers=layers, dtype=dtype, tie_embeddings=tie_embeddings,
+        root / "base",
+        arch=arch,
+        layers=layers,
+        dtype=dtype,
+        tie_embeddings=tie_embeddings,
         seed=seed,
-    )  # fmt: skip
+    )
 
     def expert(name: str, seed_: int, layer: tuple[float, ...], non_layer: float) -> Path:
         return make_checkpoint(
-            root / name, base=base, dtype=dtype, seed=seed_, layer_scale=scale(layer),
+            root / name,
+            base=base,
+            dtype=dtype,
+            seed=seed_,
+            layer_scale=scale(layer),
             non_layer_scale=non_layer,
-        )  # fmt: skip
+        )
 
     task = expert("task", seed + 1, TASK_SCALE, 0.01)
     language = expert("language", seed + 2, LANGUAGE_SCALE, 0.03)
-    if not extra:
-        return Family(base, task, language)
     return Family(
         base,
         task,
@@ -85,13 +93,13 @@ def _family(
 @pytest.fixture(scope="session")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Family:
     """bf16 Llama, 6 layers: base, two task experts, three language experts."""
-    return _family(tmp_path_factory.mktemp("llama"), extra=True)
+    return _family(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="session")
 def llama32(tmp_path_factory: pytest.TempPathFactory) -> Family:
     """float32 Llama, 6 layers (for tight numeric checks of non-exact arithmetic)."""
-    return _family(tmp_path_factory.mktemp("llama32"), dtype=torch.float32, extra=True, seed=10)
+    return _family(tmp_path_factory.mktemp("llama32"), dtype=torch.float32, seed=10)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import math
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -41,7 +42,7 @@ def load(directory: Path) -> Tensors:
     return tensors
 
 
-def read_header(file: Path) -> tuple[dict[str, dict], int]:
+def read_header(file: Path) -> tuple[dict[str, dict[str, Any]], int]:
     """(header entries without __metadata__, absolute offset of the data region)."""
     with open(file, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))

@@ -9,8 +9,8 @@ import torch
 
 from tests.conftest import Family
 from tests.reference import (
-    assert_equal,
     accumulation_slack,
+    assert_equal,
     assert_within_ulps,
     combine,
     inverse_weights,
@@ -67,7 +67,7 @@ def transition_weights(spec: Any) -> tuple[float, float]:
 def expected_origin(name: str, num_layers: int, p: dict[str, Any]) -> str:
     layer = layer_of(name)
     if layer is None:
-        return p["non_layer"]
+        return str(p["non_layer"])
     b, u = p["bottom"], p["top"]
     return swap_region(layer, num_layers, b, u, p["bottom_transition"], p["top_transition"])
 
@@ -99,8 +99,11 @@ def reference_swap(
 def test_layer_swap_matches_reference(case: str, llama: Family, run_merge: Any) -> None:
     p = {**DEFAULTS, **CASES[case]}
     result = run_merge(
-        {"method": "layer_swap", "experts": {"task": [llama.task], "language": [llama.language]},
-         "params": CASES[case]}  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": {"task": [llama.task], "language": [llama.language]},
+            "params": CASES[case],
+        }
     )
     task, language = load(llama.task), load(llama.language)
     expected, origins = reference_swap(
@@ -124,9 +127,13 @@ def test_layer_swap_matches_reference(case: str, llama: Family, run_merge: Any) 
     rows = {row["layer"]: row["origin"] for row in result.manifest["layers"]}
     for layer in range(llama.num_layers):
         region = swap_region(
-            layer, llama.num_layers, p["bottom"], p["top"],
-            p["bottom_transition"], p["top_transition"],
-        )  # fmt: skip
+            layer,
+            llama.num_layers,
+            p["bottom"],
+            p["top"],
+            p["bottom_transition"],
+            p["top_transition"],
+        )
         assert rows[str(layer)] == region
     assert rows["non-layer"] == p["non_layer"]
 
@@ -134,26 +141,41 @@ def test_layer_swap_matches_reference(case: str, llama: Family, run_merge: Any) 
 def test_transitions_really_mix(llama: Family, run_merge: Any) -> None:
     """Guard against a vacuous reference: transition layers differ from both experts."""
     result = run_merge(
-        {"method": "layer_swap", "experts": {"task": [llama.task], "language": [llama.language]},
-         "params": {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1}}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": {"task": [llama.task], "language": [llama.language]},
+            "params": {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1},
+        }
+    )
     out, task, language = load(result.out_dir), load(llama.task), load(llama.language)
     name = "model.layers.1.mlp.down_proj.weight"
     assert not torch.equal(out[name], task[name])
     assert not torch.equal(out[name], language[name])
-    assert torch.equal(out["model.layers.0.mlp.down_proj.weight"],
-                       language["model.layers.0.mlp.down_proj.weight"])  # fmt: skip
-    assert torch.equal(out["model.layers.2.mlp.down_proj.weight"],
-                       task["model.layers.2.mlp.down_proj.weight"])  # fmt: skip
+    assert torch.equal(
+        out["model.layers.0.mlp.down_proj.weight"], language["model.layers.0.mlp.down_proj.weight"]
+    )
+    assert torch.equal(
+        out["model.layers.2.mlp.down_proj.weight"], task["model.layers.2.mlp.down_proj.weight"]
+    )
 
 
 def test_magnitude_transition_weights(llama: Family, run_merge: Any) -> None:
-    params = {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1,
-              "transition_weights": "magnitude", "non_layer": "average"}  # fmt: skip
+    params = {
+        "bottom": 1,
+        "top": 1,
+        "bottom_transition": 1,
+        "top_transition": 1,
+        "transition_weights": "magnitude",
+        "non_layer": "average",
+    }
     result = run_merge(
-        {"method": "layer_swap", "base": llama.base,
-         "experts": {"task": [llama.task], "language": [llama.language]}, "params": params}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "base": llama.base,
+            "experts": {"task": [llama.task], "language": [llama.language]},
+            "params": params,
+        }
+    )
     base, task, language = load(llama.base), load(llama.task), load(llama.language)
     w_task, w_language = inverse_weights([magnitude(task, base), magnitude(language, base)])
     assert abs(w_task - 0.5) > 0.01, "fixture experts should differ in magnitude"
@@ -182,9 +204,15 @@ def test_several_experts_per_role(
     fam: Family = request.getfixturevalue(family_name)
     tasks = [fam.task, fam.task2]
     languages = [fam.language, fam.language2, fam.language3]
-    params = {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1,
-              "transition_weights": {"task": 2, "language": 1}, "non_layer": "average",
-              "expert_soup": expert_soup}  # fmt: skip
+    params = {
+        "bottom": 1,
+        "top": 1,
+        "bottom_transition": 1,
+        "top_transition": 1,
+        "transition_weights": {"task": 2, "language": 1},
+        "non_layer": "average",
+        "expert_soup": expert_soup,
+    }
     recipe: dict[str, Any] = {
         "method": "layer_swap",
         "experts": {"task": tasks, "language": languages},
@@ -209,13 +237,17 @@ def test_several_experts_per_role(
 
     out = load(result.out_dir)
     assert set(out) == set(task_models[0])
-    for name, t in task_models[0].items():
+    for name in task_models[0]:
         # Soup each role first, then mix: the straightforward reading of DESIGN.md §3.2.
         t_soup = combine(task_soup, [m[name] for m in task_models])
         l_soup = combine(language_soup, [m[name] for m in language_models])
         origin = expected_origin(name, fam.num_layers, {**DEFAULTS, **params})
-        mix = {"task": (1.0, 0.0), "language": (0.0, 1.0), "transition": (2 / 3, 1 / 3),
-               "average": (0.5, 0.5)}[origin]  # fmt: skip
+        mix = {
+            "task": (1.0, 0.0),
+            "language": (0.0, 1.0),
+            "transition": (2 / 3, 1 / 3),
+            "average": (0.5, 0.5),
+        }[origin]
         expected = mix[0] * t_soup + mix[1] * l_soup
         coefficients = [mix[0] * c for c in task_soup] + [mix[1] * c for c in language_soup]
         inputs = [m[name] for m in task_models + language_models]
@@ -229,9 +261,11 @@ def test_default_params_need_enough_layers(llama: Family, run_merge: Any) -> Non
 
     with pytest.raises(RecipeError) as info:
         run_merge(
-            {"method": "layer_swap",
-             "experts": {"task": [llama.task], "language": [llama.language]}}
-        )  # fmt: skip
+            {
+                "method": "layer_swap",
+                "experts": {"task": [llama.task], "language": [llama.language]},
+            }
+        )
     assert info.value.details["field"] == "params"
     assert "7" in info.value.message and "6" in info.value.message
 
@@ -239,9 +273,12 @@ def test_default_params_need_enough_layers(llama: Family, run_merge: Any) -> Non
 def test_qwen2_layer_swap(qwen2: Family, run_merge: Any) -> None:
     params = {"bottom": 1, "top": 1, "bottom_transition": 1, "non_layer": "average"}
     result = run_merge(
-        {"method": "layer_swap", "experts": {"task": [qwen2.task], "language": [qwen2.language]},
-         "params": params}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": {"task": [qwen2.task], "language": [qwen2.language]},
+            "params": params,
+        }
+    )
     task, language = load(qwen2.task), load(qwen2.language)
     assert any(n.endswith("q_proj.bias") for n in task), "Qwen2 has attention biases"
     expected, _ = reference_swap(
@@ -256,10 +293,12 @@ def test_qwen2_layer_swap(qwen2: Family, run_merge: Any) -> None:
 def test_tied_embeddings_layer_swap(gemma_tied: Family, run_merge: Any) -> None:
     params = {"bottom": 1, "top": 1, "top_transition": 1, "non_layer": "language"}
     result = run_merge(
-        {"method": "layer_swap",
-         "experts": {"task": [gemma_tied.task], "language": [gemma_tied.language]},
-         "params": params}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": {"task": [gemma_tied.task], "language": [gemma_tied.language]},
+            "params": params,
+        }
+    )
     task, language = load(gemma_tied.task), load(gemma_tied.language)
     assert "lm_head.weight" not in task
     expected, _ = reference_swap(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -32,9 +33,15 @@ from tests.reference import (
         (["task", "language"], [0.3, 0.6], [0.3 / 0.9, 0.6 / 0.9]),
         (["task", "language"], [2, -1], [2.0, -1.0]),  # extrapolation: sums to 1, allowed
     ],
-    ids=["uniform2", "uniform3", "explicit-3-1", "explicit-2-1-1", "explicit-unnormalised",
-         "negative"],
-)  # fmt: skip
+    ids=[
+        "uniform2",
+        "uniform3",
+        "explicit-3-1",
+        "explicit-2-1-1",
+        "explicit-unnormalised",
+        "negative",
+    ],
+)
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
 def test_soup_matches_reference(
     family_name: str,
@@ -125,9 +132,13 @@ def test_task_arithmetic(
     fam: Family = request.getfixturevalue(family_name)
     paths = [getattr(fam, m) for m in models]
     result = run_merge(
-        {"method": "task_arithmetic", "base": fam.base, "models": paths,
-         "params": {"weights": weights, "lambda": lambda_}}
-    )  # fmt: skip
+        {
+            "method": "task_arithmetic",
+            "base": fam.base,
+            "models": paths,
+            "params": {"weights": weights, "lambda": lambda_},
+        }
+    )
     w = [1.0] * len(paths) if weights == "uniform" else weights
     base = load(fam.base)
     inputs = [load(p) for p in paths]
@@ -149,9 +160,13 @@ def test_task_arithmetic(
 
 def test_task_arithmetic_float32_is_tight(llama32: Family, run_merge: Any) -> None:
     result = run_merge(
-        {"method": "task_arithmetic", "base": llama32.base,
-         "models": [llama32.task, llama32.language], "params": {"lambda": 0.8}}
-    )  # fmt: skip
+        {
+            "method": "task_arithmetic",
+            "base": llama32.base,
+            "models": [llama32.task, llama32.language],
+            "params": {"lambda": 0.8},
+        }
+    )
     base, task, language = load(llama32.base), load(llama32.task), load(llama32.language)
     out = load(result.out_dir)
     for name, b in base.items():
@@ -196,27 +211,43 @@ def test_layer_swap_output_float32_converts_copies(llama: Family, run_merge: Any
     params = {"bottom": 2, "top": 1, "non_layer": "task"}
     experts = {"task": [llama.task], "language": [llama.language]}
     result = run_merge(
-        {"method": "layer_swap", "experts": experts, "params": params,
-         "output": {"dtype": "float32"}}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": experts,
+            "params": params,
+            "output": {"dtype": "float32"},
+        }
+    )
     assert set(header_dtypes(result.out_dir).values()) == {"F32"}
     task, language = load(llama.task), load(llama.language)
     out = load(result.out_dir)
-    assert_equal(out["model.layers.0.self_attn.q_proj.weight"],
-                 language["model.layers.0.self_attn.q_proj.weight"].float())  # fmt: skip
-    assert_equal(out["model.layers.3.self_attn.q_proj.weight"],
-                 task["model.layers.3.self_attn.q_proj.weight"].float())  # fmt: skip
+    assert_equal(
+        out["model.layers.0.self_attn.q_proj.weight"],
+        language["model.layers.0.self_attn.q_proj.weight"].float(),
+    )
+    assert_equal(
+        out["model.layers.3.self_attn.q_proj.weight"],
+        task["model.layers.3.self_attn.q_proj.weight"].float(),
+    )
     assert_equal(out["model.embed_tokens.weight"], task["model.embed_tokens.weight"].float())
+    # ... and config.json declares it, so transformers loads float32 rather than the source's
+    config = json.loads((result.out_dir / "config.json").read_text())
+    assert config["dtype"] == "float32"
+    assert json.loads((llama.task / "config.json").read_text())["dtype"] == "bfloat16"
 
 
 def test_same_dtype_request_still_copies_bytes(llama: Family, run_merge: Any) -> None:
     result = run_merge(
-        {"method": "layer_swap", "experts": {"task": [llama.task], "language": [llama.language]},
-         "params": {"bottom": 2, "top": 2, "non_layer": "language"},
-         "output": {"dtype": "bfloat16"}}
-    )  # fmt: skip
+        {
+            "method": "layer_swap",
+            "experts": {"task": [llama.task], "language": [llama.language]},
+            "params": {"bottom": 2, "top": 2, "non_layer": "language"},
+            "output": {"dtype": "bfloat16"},
+        }
+    )
     raw_out, raw_language = raw_tensors(result.out_dir), raw_tensors(llama.language)
-    assert raw_out["model.layers.5.mlp.up_proj.weight"] == (
-        raw_language["model.layers.5.mlp.up_proj.weight"]
+    assert (
+        raw_out["model.layers.5.mlp.up_proj.weight"]
+        == (raw_language["model.layers.5.mlp.up_proj.weight"])
     )
     assert raw_out["lm_head.weight"] == raw_language["lm_head.weight"]

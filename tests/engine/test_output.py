@@ -35,7 +35,7 @@ def assert_forward_pass(out_dir: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     model = AutoModelForCausalLM.from_pretrained(str(out_dir))
-    model.eval()
+    assert not model.training
     weights = load(out_dir)
     state = model.state_dict()
     for name, tensor in weights.items():
@@ -74,9 +74,13 @@ def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
     out = result.out_dir
     names = {p.name for p in out.iterdir()}
     assert names == {
-        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-        "tokenizer_config.json", "layerswap.json",
-    }  # fmt: skip
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "layerswap.json",
+    }
     assert not list(out.parent.glob(f".{out.name}.*"))
     # config + generation config from the task expert, tokenizer from the language expert
     for name in ("config.json", "generation_config.json"):
@@ -88,8 +92,9 @@ def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
     assert manifest == result.manifest
     assert manifest["recipe"]["method"] == "layer_swap"
     assert manifest["recipe"]["experts"] == {
-        "task": [str(llama.task)], "language": [str(llama.language)]
-    }  # fmt: skip
+        "task": [str(llama.task)],
+        "language": [str(llama.language)],
+    }
     assert manifest["recipe"]["params"]["bottom_transition"] == 1
     # inputs: identity with the sha256 of every file that was read
     inputs = {entry["label"]: entry for entry in manifest["inputs"]}
@@ -103,8 +108,15 @@ def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
     assert inputs["task[0]"]["role"] == "task"
     # per-layer provenance
     layers = [(row["layer"], row["origin"]) for row in manifest["layers"]]
-    assert layers == [("0", "language"), ("1", "transition"), ("2", "task"), ("3", "task"),
-                      ("4", "transition"), ("5", "language"), ("non-layer", "average")]  # fmt: skip
+    assert layers == [
+        ("0", "language"),
+        ("1", "transition"),
+        ("2", "task"),
+        ("3", "task"),
+        ("4", "transition"),
+        ("5", "language"),
+        ("non-layer", "average"),
+    ]
     assert manifest["layers"][0]["made_from"] == "language[0]"
     # output sha256s: of every other file, as they are on disk
     assert set(manifest["outputs"]) == names - {"layerswap.json"}
@@ -163,9 +175,13 @@ def test_determinism(llama: Family, run_merge: Any, tmp_path: Path) -> None:
     """Two runs of the same recipe give byte-identical files (durable and not)."""
     for recipe in (
         swap_recipe(llama, shard_size="60KB"),
-        {"method": "ties", "base": llama.base, "models": [llama.task, llama.language],
-         "params": {"density": 0.5}},
-    ):  # fmt: skip
+        {
+            "method": "ties",
+            "base": llama.base,
+            "models": [llama.task, llama.language],
+            "params": {"density": 0.5},
+        },
+    ):
         first = run_merge(recipe, durable=True)
         second = run_merge(recipe)
         assert first.files == second.files
@@ -189,20 +205,26 @@ def test_tokenizer_mismatch_is_a_warning(llama: Family, run_merge: Any, tmp_path
 
 
 def test_unused_base_is_a_warning(llama: Family, run_merge: Any) -> None:
-    result = run_merge({"method": "soup", "base": llama.base,
-                        "models": [llama.task, llama.language]})  # fmt: skip
+    result = run_merge(
+        {"method": "soup", "base": llama.base, "models": [llama.task, llama.language]}
+    )
     assert any("not used" in w for w in result.manifest["warnings"])
     assert all(i["label"] != "base" or i["role"] == "base" for i in result.manifest["inputs"])
 
 
 def test_progress_reports(llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    from tests.helpers import stringify
     from worker.engine.merge import MergeOptions, merge
     from worker.engine.recipe import parse_recipe
-    from tests.helpers import stringify
 
     reports: list[Any] = []
-    merge(parse_recipe(stringify(swap_recipe(llama))), tmp_path / "progress", resolve=Path,
-          options=MergeOptions(durable=False), on_progress=reports.append)  # fmt: skip
+    merge(
+        parse_recipe(stringify(swap_recipe(llama))),
+        tmp_path / "progress",
+        resolve=Path,
+        options=MergeOptions(durable=False),
+        on_progress=reports.append,
+    )
     merging = [r for r in reports if r.stage == "merging"]
     assert merging and reports[-1].stage == "finalizing"
     assert reports[-1].tensors_done == reports[-1].tensors_total > 0

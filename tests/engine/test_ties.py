@@ -32,17 +32,27 @@ def check_ties(fam: Family, models: list[str], params: dict[str, Any], out_dir: 
     changed = 0
     for name, b in base.items():
         expected = ties(
-            b, [m[name] for m in inputs], weights,
-            density=params.get("density", 0.5), lambda_=params.get("lambda", 1.0),
+            b,
+            [m[name] for m in inputs],
+            weights,
+            density=params.get("density", 0.5),
+            lambda_=params.get("lambda", 1.0),
             normalize=params.get("normalize", True),
-        )  # fmt: skip
+        )
         assert out[name].dtype == b.dtype
         # float32 arithmetic in a possibly different order: at most 1 ulp of the output dtype,
         # with float32 slack where the result cancels to ~0.
-        slack = 4 * torch.finfo(torch.float32).eps * (
-            b.float().abs() + sum(w * (m[name].float() - b.float()).abs()
-                                  for w, m in zip(weights, inputs, strict=True))
-        )  # fmt: skip
+        slack = (
+            4
+            * torch.finfo(torch.float32).eps
+            * (
+                b.float().abs()
+                + sum(
+                    w * (m[name].float() - b.float()).abs()
+                    for w, m in zip(weights, inputs, strict=True)
+                )
+            )
+        )
         assert_within_ulps(out[name], expected, 1, name, slack)
         changed += int(not torch.equal(out[name], b))
     return changed
@@ -56,9 +66,8 @@ def test_ties_matches_reference(
     fam: Family = request.getfixturevalue(family_name)
     params = CASES[case]
     result = run_merge(
-        {"method": "ties", "base": fam.base, "models": [fam.task, fam.language],
-         "params": params}
-    )  # fmt: skip
+        {"method": "ties", "base": fam.base, "models": [fam.task, fam.language], "params": params}
+    )
     assert check_ties(fam, ["task", "language"], params, result.out_dir) > 0
 
 
@@ -66,9 +75,13 @@ def test_ties_three_models(llama: Family, run_merge: Any) -> None:
     params = {"density": 0.4, "weights": [0.3, 1.0, 2.0], "lambda": 0.9}
     models = ["task", "language", "language2"]
     result = run_merge(
-        {"method": "ties", "base": llama.base, "models": [getattr(llama, m) for m in models],
-         "params": params}
-    )  # fmt: skip
+        {
+            "method": "ties",
+            "base": llama.base,
+            "models": [getattr(llama, m) for m in models],
+            "params": params,
+        }
+    )
     assert check_ties(llama, models, params, result.out_dir) > 0
 
 
@@ -82,9 +95,13 @@ def test_ties_density_changes_the_result(llama32: Family, run_merge: Any) -> Non
     assert not torch.equal(half[name], full[name])
     # With a single expert and no normalisation: out − base = λ·trimmed delta.
     single = run_merge(
-        {"method": "ties", "base": llama32.base, "models": [llama32.task],
-         "params": {"density": 0.5, "normalize": False}}
-    )  # fmt: skip
+        {
+            "method": "ties",
+            "base": llama32.base,
+            "models": [llama32.task],
+            "params": {"density": 0.5, "normalize": False},
+        }
+    )
     base, task = load(llama32.base), load(llama32.task)
     moved = load(single.out_dir)[name] != base[name]
     assert int(moved.sum()) == math.ceil(0.5 * moved.numel())
@@ -100,8 +117,12 @@ def test_ties_radix_select_path(
     the result must still match the reference, and byte-for-byte the single-chunk result."""
     fam: Family = request.getfixturevalue(family_name)
     params = {"density": 0.5, "weights": [1.0, 0.7], "lambda": 1.2}
-    recipe = {"method": "ties", "base": fam.base, "models": [fam.task, fam.language],
-              "params": params}  # fmt: skip
+    recipe = {
+        "method": "ties",
+        "base": fam.base,
+        "models": [fam.task, fam.language],
+        "params": params,
+    }
     chunked = run_merge(recipe, chunk_elements=1000)
     whole = run_merge(recipe)
     assert check_ties(fam, ["task", "language"], params, chunked.out_dir) > 0
@@ -155,12 +176,22 @@ def test_kth_largest_radix_select(values: torch.Tensor, k_fraction: float) -> No
     assert kth_largest(_chunked(values, numel), numel, k) == expected
 
 
-def test_ties_sharded_inputs_match_unsharded(
-    llama: Family, sharded: Any, run_merge: Any
-) -> None:
+def test_ties_sharded_inputs_match_unsharded(llama: Family, sharded: Any, run_merge: Any) -> None:
     params = {"density": 0.5}
-    a = run_merge({"method": "ties", "base": llama.base, "models": [llama.task, llama.language],
-                   "params": params})  # fmt: skip
-    b = run_merge({"method": "ties", "base": sharded.base,
-                   "models": [sharded.task, llama.language], "params": params})  # fmt: skip
+    a = run_merge(
+        {
+            "method": "ties",
+            "base": llama.base,
+            "models": [llama.task, llama.language],
+            "params": params,
+        }
+    )
+    b = run_merge(
+        {
+            "method": "ties",
+            "base": sharded.base,
+            "models": [sharded.task, llama.language],
+            "params": params,
+        }
+    )
     assert sha256(a.out_dir / "model.safetensors") == sha256(b.out_dir / "model.safetensors")

@@ -101,7 +101,7 @@ def execute(
                 on_progress=on_progress, should_cancel=should_cancel, started=started,
             )  # fmt: skip
             files = dict(writer.digests)
-            files.update(_write_side_files(plan, staging))
+            files.update(_write_side_files(plan, staging, recipe.output.dtype))
             manifest = _manifest(plan, recipe, inputs, files)
             files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
@@ -137,8 +137,12 @@ def shard_header(plan: Plan, shard: Shard) -> bytes:
     return encode_header(entries, {"format": "pt"})
 
 
-def _write_side_files(plan: Plan, staging: Path) -> dict[str, str]:
-    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input."""
+def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[str, str]:
+    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input.
+
+    When the recipe converts the weights (`output.dtype`), config.json's dtype says so too:
+    transformers loads weights in the dtype the config declares.
+    """
     written: dict[str, str] = {}
     if len(plan.shards) > 1:
         weight_map = {plan.tensors[i].name: s.filename for s in plan.shards for i in s.tensors}
@@ -151,9 +155,23 @@ def _write_side_files(plan: Plan, staging: Path) -> dict[str, str]:
     for directory, name in copies:
         if (directory / name).is_file():
             shutil.copyfile(directory / name, staging / name)
+            if name == "config.json" and dtype != "source":
+                _set_config_dtype(staging / name, dtype)
             written[name] = file_sha256(staging / name)
     _warn_tokenizer_mismatch(plan)
     return written
+
+
+def _set_config_dtype(path: Path, dtype: str) -> None:
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            for key in ("torch_dtype", "dtype"):
+                if key in section:
+                    section[key] = dtype
+    if "torch_dtype" not in config and "dtype" not in config:
+        config["torch_dtype"] = dtype
+    _write_json(path, config)
 
 
 def _warn_tokenizer_mismatch(plan: Plan) -> None:

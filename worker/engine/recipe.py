@@ -11,7 +11,15 @@ import math
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from worker.engine.errors import RecipeError
 
@@ -42,11 +50,12 @@ class OutputOptions(_Strict):
     dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
     shard_size: int | str = Field("5GB", description="largest shard, e.g. 5GB, 500MB, 1GiB")
 
-    @model_validator(mode="after")
-    def _size(self) -> Self:
-        if parse_size(self.shard_size) < 1024:
-            raise ValueError("shard_size must be at least 1KB")
-        return self
+    @field_validator("shard_size")
+    @classmethod
+    def _size(cls, value: int | str) -> int | str:
+        if parse_size(value) < 1024:
+            raise ValueError("must be at least 1KB")
+        return value
 
     @property
     def shard_bytes(self) -> int:
@@ -190,16 +199,29 @@ def parse_recipe(data: Any) -> Recipe:
 def _recipe_error(error: ValidationError) -> RecipeError:
     problems = []
     for item in error.errors():
-        loc = [str(part) for part in item["loc"][1:]]  # [0] is the method tag
-        field = ".".join(loc) or "recipe"
+        loc = [str(part) for part in item["loc"][1:] if not _is_union_tag(part)]  # [0]: method
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
-        problems.append({"field": field, "message": message})
-    first = problems[0]
-    where = _mentioned_field(first["message"]) or first["field"]
+        problems.append({"field": ".".join(loc) or "recipe", "message": message})
+    # A value that fits no member of a union fails each member; a literal's complaint
+    # ("should be 'uniform'") is the least helpful when the value was a mapping or list.
+    literal = {
+        i
+        for i, item in enumerate(error.errors())
+        if item["type"] == "literal_error" and not isinstance(item["input"], str)
+    }
+    first = min(range(len(problems)), key=lambda i: (i in literal and len(problems) > 1, i))
+    where = _mentioned_field(problems[first]["message"]) or problems[first]["field"]
     return RecipeError(
-        f"{where}: {first['message']}", details={"field": where, "problems": problems}
+        f"{where}: {problems[first]['message']}", details={"field": where, "problems": problems}
+    )
+
+
+def _is_union_tag(part: str | int) -> bool:
+    """Pydantic names union members in error locations (`literal['a']`, `RoleWeights`)."""
+    return isinstance(part, str) and (
+        any(c in part for c in "[(-") or part[:1].isupper() or part in {"int", "str", "float"}
     )
 
 

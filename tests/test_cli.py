@@ -1,0 +1,281 @@
+"""The `layerswap` command line, run as a real subprocess from the project's environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import Family
+from tests.helpers import leftovers, write_recipe
+from tests.reference import load, sha256
+
+LAYERSWAP = Path(sys.executable).parent / "layerswap"
+
+
+def layerswap(*args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LAYERSWAP_CACHE_DIR": str(cwd / ".cache"), "CI": "true"}
+    return subprocess.run(
+        [str(LAYERSWAP), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def relative(path: Path, start: Path) -> str:
+    return os.path.relpath(path, start)
+
+
+@pytest.fixture
+def swap_yaml(llama: Family, tmp_path: Path) -> Path:
+    """A layer-swap recipe whose sources are relative to the recipe file."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    return write_recipe(
+        recipes / "swap.yaml",
+        {
+            "method": "layer_swap",
+            "experts": {
+                "task": [relative(llama.task, recipes)],
+                "language": [relative(llama.language, recipes)],
+            },
+            "params": {"bottom": 1, "top": 1, "bottom_transition": 1, "non_layer": "average"},
+        },
+    )
+
+
+def test_merge_success(swap_yaml: Path, llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    proc = layerswap("merge", swap_yaml, "--out", out, "-q", "--no-fsync", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "merged into" in proc.stdout
+    assert proc.stderr == ""
+    assert (out / "model.safetensors").is_file()
+    manifest = json.loads((out / "layerswap.json").read_text())
+    for name, digest in manifest["outputs"].items():
+        assert sha256(out / name) == digest
+    # Same weights as the engine API produces for the same recipe with absolute paths.
+    api = run_merge(
+        {
+            "method": "layer_swap",
+            "experts": {"task": [llama.task], "language": [llama.language]},
+            "params": {"bottom": 1, "top": 1, "bottom_transition": 1},
+        }
+    )
+    assert sha256(out / "model.safetensors") == sha256(api.out_dir / "model.safetensors")
+    assert leftovers(out) == ["merged"]
+
+
+def test_merge_with_progress_bar(swap_yaml: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    proc = layerswap("merge", swap_yaml, "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tensors" in proc.stderr  # the bar shows bytes and tensors
+    assert (out / "layerswap.json").is_file()
+
+
+def test_dry_run_prints_table_and_writes_nothing(swap_yaml: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    proc = layerswap("merge", swap_yaml, "--out", out, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    expected = [
+        r"^0\s+language\s+language\[0\]$",
+        r"^1\s+transition\s+0\.5×task\[0\] \+ 0\.5×language\[0\]$",
+        r"^2\s+task\s+task\[0\]$",
+        r"^4\s+task\s+task\[0\]$",
+        r"^5\s+language\s+language\[0\]$",
+        r"^non-layer\s+average\s+",
+    ]
+    for pattern in expected:
+        assert any(re.match(pattern, line) for line in lines), (pattern, proc.stdout)
+    assert not out.exists()
+    assert leftovers(out) == []
+
+
+@pytest.mark.parametrize(
+    ("recipe", "field"),
+    [
+        (
+            {
+                "method": "layer_swap",
+                "experts": {"task": ["a"], "language": ["b"]},
+                "params": {"foo": 1},
+            },
+            "params.foo",
+        ),
+        ({"method": "ties", "models": ["a", "b"]}, "base"),
+        (
+            {"method": "ties", "base": "c", "models": ["a", "b"], "params": {"density": 0}},
+            "params.density",
+        ),
+        ({"method": "dare", "models": ["a", "b"]}, "method"),
+        (["not", "a", "mapping"], "recipe"),
+    ],
+    ids=["unknown-key", "missing-base", "density", "method", "non-mapping"],
+)
+def test_invalid_recipe_one_line_error(recipe: Any, field: str, tmp_path: Path) -> None:
+    path = write_recipe(tmp_path / "bad.yaml", recipe)
+    out = tmp_path / "merged"
+    proc = layerswap("merge", path, "--out", out, cwd=tmp_path)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("layerswap: error [invalid_recipe]")
+    assert f"]: {field}" in lines[0]
+    assert leftovers(out) == []
+
+
+def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: soup\nmodels: [a, b\n")
+    for path in (bad, tmp_path / "missing.yaml"):
+        proc = layerswap("merge", path, "--out", tmp_path / "merged", cwd=tmp_path)
+        assert proc.returncode != 0
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert "recipe" in lines[0] and path.name in lines[0]
+
+
+def test_layer_budget_error_names_params(llama: Family, tmp_path: Path) -> None:
+    path = write_recipe(
+        tmp_path / "swap.yaml",
+        {"method": "layer_swap", "experts": {"task": [llama.task], "language": [llama.language]}},
+    )  # paper defaults b=5, u=2 > 6 layers
+    out = tmp_path / "merged"
+    for extra in ([], ["--dry-run"]):
+        proc = layerswap("merge", path, "--out", out, *extra, cwd=tmp_path)
+        assert proc.returncode != 0
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "]: params" in lines[0], proc.stderr
+    assert leftovers(out) == []
+
+
+def test_bad_checkpoint_names_file(llama: Family, tmp_path: Path) -> None:
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(llama.language, bad)
+    (bad / "model.safetensors").write_bytes(b"\xff" * 16)
+    path = write_recipe(tmp_path / "soup.yaml", {"method": "soup", "models": [llama.task, bad]})
+    out = tmp_path / "merged"
+    proc = layerswap("merge", path, "--out", out, "-q", cwd=tmp_path)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "[invalid_checkpoint]" in lines[0] and str(bad / "model.safetensors") in lines[0]
+    assert leftovers(out) == []
+
+
+def test_existing_output_and_overwrite(swap_yaml: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = layerswap("merge", swap_yaml, "--out", out, "-q", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "[output_error]" in proc.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    proc = layerswap("merge", swap_yaml, "--out", out, "-q", "--overwrite", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "keep.txt").exists()
+    assert (out / "model.safetensors").is_file()
+    assert leftovers(out) == ["merged"]
+
+
+def test_device_cuda(swap_yaml: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    proc = layerswap("merge", swap_yaml, "--out", out, "-q", "--device", "cuda", cwd=tmp_path)
+    if torch.cuda.is_available():
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "model.safetensors").is_file()
+    else:
+        assert proc.returncode != 0
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "[device_unavailable]" in lines[0], proc.stderr
+        assert leftovers(out) == []
+
+
+def test_examples_then_every_recipe(tmp_path: Path) -> None:
+    """`layerswap examples` makes checkpoints and recipes a newcomer can merge right away."""
+    examples = tmp_path / "examples"
+    proc = layerswap("examples", examples, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("base", "math", "swh"):
+        assert (examples / name / "config.json").is_file()
+        assert (examples / name / "model.safetensors").is_file()
+    recipes = sorted(examples.glob("*.yaml"))
+    assert {p.stem for p in recipes} >= {"layer_swap", "soup", "task_arithmetic", "ties"}
+    for recipe in recipes:
+        out = tmp_path / f"out-{recipe.stem}"
+        proc = layerswap("merge", recipe, "--out", out, "-q", "--no-fsync", cwd=tmp_path)
+        assert proc.returncode == 0, (recipe.name, proc.stderr)
+        merged = load(out)
+        assert set(merged) == set(load(examples / "base"))
+
+
+def test_analyze(llama: Family, tmp_path: Path) -> None:
+    from tests.reference import magnitude
+
+    out = tmp_path / "analysis"
+    proc = layerswap(
+        "analyze",
+        "--base",
+        llama.base,
+        "--expert",
+        f"math={llama.task}",
+        "--expert",
+        f"swh={llama.language}",
+        "--out",
+        out,
+        "--task",
+        "math",
+        "--language",
+        "swh",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((out / "analysis.json").read_text())
+    assert set(data["experts"]) == {"math", "swh"}
+    assert data["layers"] == 6
+    for label, path in (("math", llama.task), ("swh", llama.language)):
+        expert = data["experts"][label]
+        assert len(expert["fraction"]) == 6
+        assert all(len(row) == len(data["kinds"]) for row in expert["fraction"])
+        assert all(0.0 <= f <= 1.0 for row in expert["fraction"] for f in row)
+        # DESIGN §3.3 magnitude, recomputed independently
+        reference = magnitude(load(path), load(llama.base))
+        assert expert["magnitude"] == pytest.approx(reference, rel=1e-5)
+    # The fixtures change the language expert most at both ends, the task expert in the middle.
+    suggestion = data["suggestion"]
+    assert suggestion["heuristic"] is True
+    assert (suggestion["bottom"], suggestion["top"]) == (1, 1)
+    assert "bottom=1 top=1" in proc.stdout
+
+
+def test_analyze_bad_expert_one_line_error(llama: Family, tmp_path: Path) -> None:
+    proc = layerswap(
+        "analyze",
+        "--base",
+        llama.base,
+        "--expert",
+        tmp_path / "nowhere",
+        "--out",
+        tmp_path / "analysis",
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nowhere" in lines[0], proc.stderr
+    assert not (tmp_path / "analysis").exists()
