@@ -120,6 +120,16 @@ def inverse_weights(magnitudes: Sequence[float]) -> list[float]:
 
 
 # -- TIES (DESIGN.md §3.4) --------------------------------------------------------------------
+def top_k_mask(magnitude: torch.Tensor, density: float) -> torch.Tensor:
+    """Exactly k = ceil(density·n) largest entries; among equal values the first in flat order."""
+    flat = magnitude.flatten()
+    k = math.ceil(density * flat.numel())
+    order = torch.sort(flat, descending=True, stable=True).indices[:k]
+    keep = torch.zeros(flat.numel(), dtype=torch.bool)
+    keep[order] = True
+    return keep.view(magnitude.shape)
+
+
 def ties(
     base: torch.Tensor,
     experts: Sequence[torch.Tensor],
@@ -134,9 +144,7 @@ def ties(
     trimmed = []
     for expert in experts:
         delta = expert.float() - b
-        k = math.ceil(density * delta.numel())
-        kth = torch.topk(delta.abs().flatten(), k).values[-1]
-        trimmed.append(torch.where(delta.abs() >= kth, delta, torch.zeros_like(delta)))
+        trimmed.append(torch.where(top_k_mask(delta.abs(), density), delta, 0.0))
     weighted = [w * d for w, d in zip(weights, trimmed, strict=True)]
     total = torch.zeros_like(b)
     for x in weighted:

@@ -166,14 +166,26 @@ def _chunked(values: torch.Tensor, size: int) -> Any:
     ids=["uniform", "halfnormal", "bf16-duplicates-zeros", "constant"],
 )
 @pytest.mark.parametrize("k_fraction", [0.0001, 0.3, 0.5, 0.999, 1.0])
-def test_kth_largest_radix_select(values: torch.Tensor, k_fraction: float) -> None:
-    from worker.engine.kernels import kth_largest
+def test_top_k_selection_is_exact(values: torch.Tensor, k_fraction: float) -> None:
+    """Threshold, tie quota and the chunk-by-chunk mask agree with a stable sort, for the
+    in-memory path (one chunk) and the radix path (many chunks)."""
+    from tests.reference import top_k_mask
+    from worker.engine.selection import keep_mask, top_k
 
     numel = values.numel()
     k = max(1, math.ceil(k_fraction * numel))
-    expected = float(torch.topk(values, k).values[-1])
-    assert kth_largest(_chunked(values, 1000), numel, k) == expected
-    assert kth_largest(_chunked(values, numel), numel, k) == expected
+    expected = top_k_mask(values, k / numel)
+    for size in (1000, numel):
+        top = top_k(_chunked(values, size), k)
+        assert top.threshold == float(torch.topk(values, k).values[-1])
+        left = top.ties
+        masks = []
+        for chunk in _chunked(values, size)():
+            mask, left = keep_mask(chunk, top, left)
+            masks.append(mask)
+        assert left == 0
+        assert torch.equal(torch.cat(masks), expected)
+        assert int(torch.cat(masks).sum()) == k
 
 
 def test_ties_sharded_inputs_match_unsharded(llama: Family, sharded: Any, run_merge: Any) -> None:

@@ -1,22 +1,20 @@
 """The arithmetic: turns one planned tensor into output bytes, a chunk of elements at a time.
 
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
-output dtype. TIES needs each delta's magnitude threshold over the whole tensor first; for
-tensors larger than a chunk it is found exactly by a two-pass radix select, so memory stays
-bounded by the chunk size.
+output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
+then combines chunk by chunk.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
 from worker.engine.plan import Plan, TensorPlan, TiesSettings
+from worker.engine.selection import ChunkSource, TopK, keep_mask, top_k
 from worker.engine.tensor_io import TORCH_DTYPES, read_elements
-
-ChunkSource = Callable[[], Iterator[torch.Tensor]]
 
 
 class Kernels:
@@ -24,15 +22,21 @@ class Kernels:
         self.plan = plan
         self.device = device
         self.chunk_elements = chunk_elements
+        # TIES holds several float32 temporaries per input: smaller chunks, same memory.
+        self.ties_chunk_elements = max(1, chunk_elements // 2)
+        # Top-k selection holds one |δ| chunk: whole tensors up to 4 chunks (64 MB at 4 Mi).
+        self.selection_elements = 4 * chunk_elements
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
         numel = math.prod(tensor.shape)
-        thresholds = self._ties_thresholds(tensor) if tensor.op == "ties" else []
-        for start in range(0, numel, self.chunk_elements):
-            count = min(self.chunk_elements, numel - start)
+        selections = self._ties_selections(tensor) if tensor.op == "ties" else []
+        ties_left = [top.ties if top else 0 for top in selections]
+        step = self.ties_chunk_elements if tensor.op == "ties" else self.chunk_elements
+        for start in range(0, numel, step):
+            count = min(step, numel - start)
             if tensor.op == "ties":
-                out = self._ties(tensor, thresholds, start, count)
+                out = self._ties(tensor, selections, ties_left, start, count)
             else:
                 out = self._linear(tensor, start, count)
             yield out.to(TORCH_DTYPES[tensor.dtype]).cpu()
@@ -57,35 +61,39 @@ class Kernels:
         assert self.plan.ties is not None
         return self.plan.ties
 
-    def _deltas(self, tensor: TensorPlan, source: int) -> ChunkSource:
+    def _magnitudes(self, tensor: TensorPlan, source: int) -> ChunkSource:
+        """|T_source − base| of the whole tensor, in chunks that still fit in memory."""
         base = self._ties_settings().base
 
         def chunks() -> Iterator[torch.Tensor]:
             numel = math.prod(tensor.shape)
-            for start in range(0, numel, self.chunk_elements):
-                count = min(self.chunk_elements, numel - start)
+            step = self.selection_elements
+            for start in range(0, numel, step):
+                count = min(step, numel - start)
                 x = self._read(source, tensor.name, start, count)
                 yield x.sub_(self._read(base, tensor.name, start, count)).abs_()
 
         return chunks
 
-    def _ties_thresholds(self, tensor: TensorPlan) -> list[float]:
+    def _ties_selections(self, tensor: TensorPlan) -> list[TopK | None]:
         density = self._ties_settings().density
         if density >= 1.0:
-            return [0.0] * len(tensor.terms)
-        numel = math.prod(tensor.shape)
-        k = max(1, math.ceil(density * numel))
-        return [kth_largest(self._deltas(tensor, t.source), numel, k) for t in tensor.terms]
+            return [None] * len(tensor.terms)
+        k = max(1, math.ceil(density * math.prod(tensor.shape)))
+        return [top_k(self._magnitudes(tensor, t.source), k) for t in tensor.terms]
 
     def _ties(
-        self, tensor: TensorPlan, thresholds: list[float], start: int, count: int
-    ) -> torch.Tensor:
+        self, tensor: TensorPlan, selections: list[TopK | None], ties_left: list[int],
+        start: int, count: int,
+    ) -> torch.Tensor:  # fmt: skip
         settings = self._ties_settings()
         base = self._read(settings.base, tensor.name, start, count)
         weighted = []
-        for term, threshold in zip(tensor.terms, thresholds, strict=True):
+        for i, (term, top) in enumerate(zip(tensor.terms, selections, strict=True)):
             delta = self._read(term.source, tensor.name, start, count).sub_(base)
-            delta.masked_fill_(delta.abs() < threshold, 0.0)
+            if top is not None:
+                keep, ties_left[i] = keep_mask(delta.abs(), top, ties_left[i])
+                delta.masked_fill_(~keep, 0.0)
             weighted.append(delta.mul_(term.coefficient))
         elected = torch.where(torch.stack(weighted).sum(0) >= 0, 1.0, -1.0).to(base.dtype)
         mixed = torch.zeros_like(base)
@@ -99,45 +107,3 @@ class Kernels:
         if settings.lambda_ != 1.0:
             mixed.mul_(settings.lambda_)
         return base.add_(mixed)
-
-
-def kth_largest(chunks: ChunkSource, numel: int, k: int) -> float:
-    """The k-th largest of non-negative floats produced by `chunks` (callable more than once).
-
-    Small inputs use kthvalue directly; larger ones a two-pass radix select on the float32
-    bit patterns (monotonic for non-negative floats), which reads the data twice but never
-    holds more than one chunk.
-    """
-    pieces = list(_take(chunks(), 2))
-    if len(pieces) == 1:
-        values = pieces[0].to(torch.float32)
-        return float(values.kthvalue(numel - k + 1).values)
-    high_bin, remaining = _select_bin(chunks, k, lambda bits: bits >> 16)
-    low_bin, _ = _select_bin(
-        chunks, remaining, lambda bits: (bits & 0xFFFF)[(bits >> 16) == high_bin]
-    )
-    bits = torch.tensor([(high_bin << 16) | low_bin], dtype=torch.int32)
-    return float(bits.view(torch.float32)[0])
-
-
-def _take(iterator: Iterator[torch.Tensor], n: int) -> Iterator[torch.Tensor]:
-    for i, item in enumerate(iterator):
-        if i >= n:
-            return
-        yield item
-
-
-def _select_bin(
-    chunks: ChunkSource, k: int, key: Callable[[torch.Tensor], torch.Tensor]
-) -> tuple[int, int]:
-    """Histogram 16-bit keys; return the bin holding the k-th largest and k within that bin."""
-    histogram: torch.Tensor | None = None
-    for chunk in chunks():
-        bits = chunk.to(torch.float32).view(torch.int32)
-        counts = torch.bincount(key(bits).to(torch.int64), minlength=1 << 16).cpu()
-        histogram = counts if histogram is None else histogram.add_(counts)
-    assert histogram is not None
-    from_top = histogram.flip(0).cumsum(0)
-    position = int(torch.searchsorted(from_top, k))
-    above = int(from_top[position - 1]) if position > 0 else 0
-    return (1 << 16) - 1 - position, k - above

@@ -19,6 +19,7 @@ from typing import Any
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from worker.engine.digests import file_sha256
 from worker.engine.errors import DeviceError, OutputError
+from worker.engine.memory import return_large_buffers_to_os
 from worker.engine.plan import Plan, Shard
 from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from worker.engine.progress import CancelCheck, ProgressCallback
@@ -85,6 +86,7 @@ def execute(
     from worker.engine.streaming import stream_shards
 
     device = resolve_device(options.device)
+    return_large_buffers_to_os()
     started = time.monotonic()
     out_dir = out_dir.absolute()
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from worker.engine.checkpoint import Checkpoint
+from worker.engine.safetensors_format import DTYPE_SIZES
 
 Op = Literal["copy", "linear", "ties"]
 
@@ -37,12 +39,7 @@ class TensorPlan:
 
     @property
     def nbytes(self) -> int:
-        from worker.engine.safetensors_format import DTYPE_SIZES
-
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * DTYPE_SIZES[self.dtype]
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
 @dataclass(frozen=True)
