@@ -69,6 +69,11 @@ def test_output_path_is_a_file(llama: Family, run_merge: Any, tmp_path: Path) ->
     assert out.read_text() == "not a directory"
 
 
+# Checks happen between chunks and once per writer thread while the writes drain; an hour-long
+# drain tick makes their number independent of timing.
+_DETERMINISTIC: dict[str, Any] = {"chunk_elements": 4096, "drain_tick_s": 3600.0}
+
+
 def _count_checks(run_merge: Any, recipe: dict[str, Any], tmp_path: Path) -> int:
     calls = 0
 
@@ -77,7 +82,7 @@ def _count_checks(run_merge: Any, recipe: dict[str, Any], tmp_path: Path) -> int
         calls += 1
         return False
 
-    run_merge(recipe, tmp_path / "counted", should_cancel=count, chunk_elements=4096)
+    run_merge(recipe, tmp_path / "counted", should_cancel=count, **_DETERMINISTIC)
     return calls
 
 
@@ -98,7 +103,7 @@ def test_cancellation_leaves_nothing(
 
     out = tmp_path / "canceled"
     with pytest.raises(MergeCanceled) as info:
-        run_merge(recipe, out, should_cancel=cancel, chunk_elements=4096)
+        run_merge(recipe, out, should_cancel=cancel, **_DETERMINISTIC)
     assert info.value.code == "canceled"
     assert calls == stop_after + 1  # stopped at the first True
     assert leftovers(out) == []

@@ -20,12 +20,10 @@ from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_F
 from worker.engine.digests import file_sha256
 from worker.engine.errors import DeviceError, OutputError
 from worker.engine.memory import return_large_buffers_to_os
-from worker.engine.plan import Plan, Shard
+from worker.engine.plan import Plan
 from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from worker.engine.progress import CancelCheck, ProgressCallback
 from worker.engine.recipe import Recipe, recipe_to_dict
-from worker.engine.safetensors_format import encode_header
-from worker.engine.writer import OutputWriter
 
 MANIFEST = "layerswap.json"
 ENGINE_VERSION = "1"
@@ -38,6 +36,7 @@ class MergeOptions:
     durable: bool = True  # fsync files and directory before the rename
     hash_cache: Path | None = None  # remembers input sha256s across runs
     overwrite: bool = False
+    drain_tick_s: float = 0.5  # progress and cancellation while the last writes drain
 
 
 @dataclass(frozen=True)
@@ -97,12 +96,17 @@ def execute(
     with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
         inputs = pool.submit(_identify_inputs, plan, options.hash_cache)
         try:
-            writer = OutputWriter(staging, durable=options.durable)
-            stream_shards(
-                plan, writer, device=device, chunk_elements=options.chunk_elements,
-                on_progress=on_progress, should_cancel=should_cancel, started=started,
-            )  # fmt: skip
-            files = dict(writer.digests)
+            files = stream_shards(
+                plan,
+                staging,
+                device=device,
+                chunk_elements=options.chunk_elements,
+                durable=options.durable,
+                tick_s=options.drain_tick_s,
+                on_progress=on_progress,
+                should_cancel=should_cancel,
+                started=started,
+            )
             files.update(_write_side_files(plan, staging, recipe.output.dtype))
             manifest = _manifest(plan, recipe, inputs, files)
             files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
@@ -123,20 +127,6 @@ def resolve_device(name: str) -> Any:
             raise DeviceError(f"device {name!r} requested but no CUDA GPU is available")
         return torch.device(name)
     raise DeviceError(f"unknown device {name!r} (use cpu or cuda)")
-
-
-def shard_header(plan: Plan, shard: Shard) -> bytes:
-    entries: dict[str, dict[str, Any]] = {}
-    offset = 0
-    for index in shard.tensors:
-        t = plan.tensors[index]
-        entries[t.name] = {
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + t.nbytes],
-        }
-        offset += t.nbytes
-    return encode_header(entries, {"format": "pt"})
 
 
 def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[str, str]:

@@ -1,86 +1,135 @@
-"""The producer loop: walks the plan in file order and feeds the output writer.
+"""The producer: lays out the output files and feeds the writer.
 
-Copies are handed to the writer as file ranges (never decoded); computed tensors are
-produced chunk by chunk while the writer and hasher threads drain earlier chunks, so reading,
-arithmetic, writing and hashing overlap. Cancellation is checked between tensors and chunks.
+Copies are queued first, as file ranges (never decoded, no memory held); then computed tensors
+are produced chunk by chunk and written at their offsets while those copies proceed, so the
+disk and the arithmetic overlap (writer.py). Cancellation is checked between tensors and
+chunks; progress is reported between chunks and, while the last writes drain, every half second.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from worker.engine.errors import MergeCanceled
 from worker.engine.kernels import Kernels
 from worker.engine.plan import Plan, TensorPlan
 from worker.engine.progress import CancelCheck, Progress, ProgressCallback
+from worker.engine.safetensors_format import encode_header
 from worker.engine.writer import OutputWriter
 
 READ_AHEAD = 64 * 1024 * 1024
 
 
+def shard_layout(plan: Plan) -> list[tuple[bytes, list[int]]]:
+    """Per shard: its header and the absolute file offset of each of its tensors."""
+    layout = []
+    for shard in plan.shards:
+        entries: dict[str, dict[str, Any]] = {}
+        relative = []
+        offset = 0
+        for index in shard.tensors:
+            t = plan.tensors[index]
+            entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                               "data_offsets": [offset, offset + t.nbytes]}  # fmt: skip
+            relative.append(offset)
+            offset += t.nbytes
+        header = encode_header(entries, {"format": "pt"})
+        layout.append((header, [len(header) + r for r in relative]))
+    return layout
+
+
 def stream_shards(
     plan: Plan,
-    writer: OutputWriter,
+    staging: Path,
     *,
-    device: Any,
+    device: torch.device,
     chunk_elements: int,
+    durable: bool,
+    tick_s: float,
     on_progress: ProgressCallback | None,
     should_cancel: CancelCheck | None,
     started: float,
-) -> None:
-    from worker.engine.merge import shard_header
+) -> dict[str, str]:
+    """Write every shard into `staging`; return sha256 by file name."""
+    layout = shard_layout(plan)
+    files = [
+        (shard.filename, header, len(header) + sum(plan.tensors[i].nbytes for i in shard.tensors))
+        for shard, (header, _) in zip(plan.shards, layout, strict=True)
+    ]
+    sizes = [size for _, _, size in files]
+    writer = OutputWriter(staging, files, durable=durable)
 
-    kernels = Kernels(plan, device=device, chunk_elements=chunk_elements)
-    headers = [shard_header(plan, shard) for shard in plan.shards]
-    total = plan.total_bytes + sum(len(h) for h in headers)
-    done_tensors = 0
-
-    def report(stage: str) -> None:
+    def report(stage: str = "merging") -> None:
         if on_progress is not None:
             on_progress(
-                Progress(stage, writer.bytes_hashed, total, done_tensors, len(plan.tensors),
-                         time.monotonic() - started)
+                Progress(stage, writer.bytes_written, sum(sizes), writer.tensors_written,
+                         len(plan.tensors), time.monotonic() - started)
             )  # fmt: skip
 
     def check_cancel() -> None:
         if should_cancel is not None and should_cancel():
             raise MergeCanceled("merge canceled; no output was left behind")
 
+    placed = [
+        (file, plan.tensors[index], offset)
+        for file, (shard, (_, offsets)) in enumerate(zip(plan.shards, layout, strict=True))
+        for index, offset in zip(shard.tensors, offsets, strict=True)
+    ]
+    kernels = Kernels(plan, device=device, chunk_elements=chunk_elements)
     try:
-        report("merging")
-        for shard, header in zip(plan.shards, headers, strict=True):
-            writer.begin_file(shard.filename, header)
-            for index in shard.tensors:
+        report()
+        for file, tensor, offset in placed:
+            if tensor.op == "copy":
+                _queue_copy(plan, tensor, writer, file, offset)
+        for file, tensor, offset in placed:
+            if tensor.op != "copy":
                 check_cancel()
-                _stream_tensor(plan, plan.tensors[index], writer, kernels, check_cancel)
-                done_tensors += 1
-                report("merging")
-            writer.end_file()
-        writer.finish()
+                _write_computed(plan, tensor, writer, kernels, file, offset, check_cancel)
+                report()
+
+        def tick() -> None:
+            check_cancel()
+            report()
+
+        writer.finish(on_tick=tick, tick_s=tick_s)
     except BaseException:
         writer.abort()
         raise
     report("finalizing")
+    return writer.digests
 
 
-def _stream_tensor(
+def _queue_copy(
+    plan: Plan, tensor: TensorPlan, writer: OutputWriter, file: int, offset: int
+) -> None:
+    checkpoint = plan.checkpoints[tensor.terms[0].source]
+    info = checkpoint.tensors[tensor.name]
+    writer.put_copy(file, offset, checkpoint.fd(info.file), info.start, info.nbytes)
+
+
+def _write_computed(
     plan: Plan,
     tensor: TensorPlan,
     writer: OutputWriter,
     kernels: Kernels,
-    check_cancel: CancelCheck | Any,
+    file: int,
+    offset: int,
+    check_cancel: Any,
 ) -> None:
-    if tensor.op == "copy":
-        checkpoint = plan.checkpoints[tensor.terms[0].source]
-        info = checkpoint.tensors[tensor.name]
-        writer.put_copy(checkpoint.fd(info.file), info.start, info.nbytes)
-        return
     _advise_read_ahead(plan, tensor)
+    end = offset + tensor.nbytes
+    if tensor.nbytes == 0:
+        writer.put_bytes(file, offset, memoryview(b""), ends_tensor=True)
     for chunk in kernels.chunks(tensor):
         check_cancel()
-        writer.put_bytes(chunk.view(-1).view(_uint8()).numpy().data)
+        data = chunk.view(-1).view(torch.uint8).numpy().data
+        writer.put_bytes(file, offset, data, ends_tensor=offset + len(data) == end)
+        offset += len(data)
 
 
 def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
@@ -95,9 +144,3 @@ def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
             checkpoint.fd(info.file), info.start, min(info.nbytes, READ_AHEAD),
             os.POSIX_FADV_WILLNEED,
         )  # fmt: skip
-
-
-def _uint8() -> Any:
-    import torch
-
-    return torch.uint8

@@ -1,9 +1,14 @@
-"""Sequential output files, written on one thread and sha256-hashed on another.
+"""Output files written out of order, hashed in order.
 
-The producer (the merge loop) queues whole-file commands: begin, bytes, copy, end. Copies
-go file-to-file with copy_file_range (no user-space buffer); the hasher then reads the
-copied range back from the output file's page cache, so the digest is of the bytes that
-were actually written. Queues are bounded, so memory is bounded by depth × chunk size.
+Every output file's header is known before a byte is written, so every tensor has a fixed
+offset. That lets copies and computed chunks land independently: copies are queued up front as
+file ranges (moved with copy_file_range, no user-space buffer), computed chunks are written
+at their offsets as they come, and the two interleave — the disk is busy while torch computes.
+A hasher thread follows behind, reading each file back in order from the page cache as soon as
+its next range is complete, so every sha256 is of the bytes actually written.
+
+Memory is bounded: computed chunks in flight are capped at `max_buffered` bytes; copies hold
+no memory at all.
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from worker.engine.errors import OutputError
 
@@ -24,107 +29,185 @@ COPY_PIECE = 64 * 1024 * 1024
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
+@dataclass
+class _File:
+    name: str
+    fd: int
+    size: int
+    done: dict[int, int] = field(default_factory=dict)  # written ranges: start -> end
+    hashed: int = 0
+
+
+@dataclass(frozen=True)
+class _Copy:
+    file: int
+    offset: int
+    src: int
+    src_offset: int
+    length: int
+    ends_tensor: bool
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    file: int
+    offset: int
+    data: memoryview
+    ends_tensor: bool
+
+
 class OutputWriter:
-    def __init__(self, directory: Path, *, depth: int = 3, durable: bool = True) -> None:
-        self.directory = directory
+    def __init__(
+        self,
+        directory: Path,
+        files: list[tuple[str, bytes, int]],
+        *,
+        durable: bool = True,
+        max_buffered: int = 48 * 1024 * 1024,
+    ) -> None:
+        """`files`: (name, header, total size) of each output file, in hashing order."""
         self.durable = durable
+        self.bytes_written = 0
+        self.tensors_written = 0
         self.digests: dict[str, str] = {}
-        self.bytes_hashed = 0
+        self._files: list[_File] = []
+        self._copies: deque[_Copy] = deque()
+        self._chunks: deque[_Bytes] = deque()
+        self._buffered = 0
+        self._max_buffered = max_buffered
+        self._closed = False
+        self._writer_done = False
         self._error: BaseException | None = None
-        self._writes: queue.Queue[tuple[Any, ...] | None] = queue.Queue(depth)
-        self._hashes: queue.Queue[tuple[Any, ...] | None] = queue.Queue(depth)
+        self._state = threading.Condition()
         self._use_copy_range = hasattr(os, "copy_file_range")
+        for name, header, size in files:
+            fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            self._files.append(_File(name, fd, size))
+            _pwrite_all(fd, memoryview(header), 0)
+            self._files[-1].done[0] = len(header)
+            self.bytes_written += len(header)
         self._threads = [
-            threading.Thread(target=self._run, args=(self._writes, self._write), daemon=True),
-            threading.Thread(target=self._run, args=(self._hashes, self._hash), daemon=True),
+            threading.Thread(target=self._guard, args=(self._write_loop,), daemon=True),
+            threading.Thread(target=self._guard, args=(self._hash_loop,), daemon=True),
         ]
-        self._fd = -1
-        self._read_fd = -1
-        self._sha: Any = None
-        self._hashing = ""
         for thread in self._threads:
             thread.start()
 
     # -- producer side -------------------------------------------------------------------
-    def begin_file(self, name: str, header: bytes) -> None:
-        self._put(("begin", name))
-        self.put_bytes(header)
+    def put_copy(self, file: int, offset: int, src: int, src_offset: int, length: int) -> None:
+        """Queue a file-to-file copy of `length` bytes to `offset` of output `file`."""
+        with self._state:
+            self._raise_if_failed()
+            for start in range(0, length, COPY_PIECE):
+                piece = min(COPY_PIECE, length - start)
+                last = start + piece >= length
+                self._copies.append(
+                    _Copy(file, offset + start, src, src_offset + start, piece, last)
+                )
+            self._state.notify_all()
 
-    def put_bytes(self, data: bytes | memoryview) -> None:
-        self._put(("bytes", data))
+    def put_bytes(self, file: int, offset: int, data: memoryview, *, ends_tensor: bool) -> None:
+        """Queue computed bytes; blocks while too many are waiting to be written."""
+        with self._state:
+            self._state.wait_for(
+                lambda: self._error is not None or self._buffered < self._max_buffered
+            )
+            self._raise_if_failed()
+            self._chunks.append(_Bytes(file, offset, data, ends_tensor))
+            self._buffered += len(data)
+            self._state.notify_all()
 
-    def put_copy(self, fd: int, offset: int, length: int) -> None:
-        for start in range(0, length, COPY_PIECE):
-            self._put(("copy", fd, offset + start, min(COPY_PIECE, length - start)))
-
-    def end_file(self) -> None:
-        self._put(("end",))
-
-    def finish(self) -> dict[str, str]:
-        """Wait for every queued write and hash; return sha256 by file name."""
-        self._writes.put(None)
+    def finish(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
+        """Wait for every write and hash (calling `on_tick` now and then); record digests."""
+        with self._state:
+            self._closed = True
+            self._state.notify_all()
         for thread in self._threads:
-            thread.join()
+            alive = True
+            while alive:  # at least one tick per thread, so callers see the drain happen
+                thread.join(tick_s)
+                alive = thread.is_alive()
+                if on_tick is not None:
+                    on_tick()
+        self._close()
         self._raise_if_failed()
-        return self.digests
 
     def abort(self) -> None:
-        if self._error is None:
-            self._error = OutputError("output aborted")
-        self._writes.put(None)
+        with self._state:
+            if self._error is None:
+                self._error = OutputError("output aborted")
+            self._closed = True
+            self._state.notify_all()
         for thread in self._threads:
             thread.join()
-        self._close_fds()
-
-    def _put(self, item: tuple[Any, ...]) -> None:
-        self._raise_if_failed()
-        self._writes.put(item)
+        self._close()
 
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            if isinstance(self._error, OSError):
-                raise OutputError(f"writing the output failed: {self._error}") from self._error
-            raise self._error
+        error = self._error
+        if error is None:
+            return
+        if isinstance(error, OSError):
+            raise OutputError(f"writing the output failed: {error}") from error
+        raise error
 
     # -- threads ---------------------------------------------------------------------------
-    def _run(
-        self,
-        inbox: queue.Queue[tuple[Any, ...] | None],
-        handle: Callable[[tuple[Any, ...]], None],
-    ) -> None:
-        while (item := inbox.get()) is not None:
-            if self._error is None:
-                try:
-                    handle(item)
-                except BaseException as e:  # surfaced to the producer by _raise_if_failed
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as e:  # surfaced to the producer by _raise_if_failed
+            with self._state:
+                if self._error is None:
                     self._error = e
-        if inbox is self._writes:
-            self._hashes.put(None)
+                self._state.notify_all()
 
-    def _write(self, item: tuple[Any, ...]) -> None:
-        kind = item[0]
-        if kind == "begin":
-            path = self.directory / item[1]
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            self._hashes.put(("begin", item[1], path))
-        elif kind == "bytes":
-            _write_all(self._fd, memoryview(item[1]))
-            self._hashes.put(item)
-        elif kind == "copy":
-            position = os.lseek(self._fd, 0, os.SEEK_CUR)
-            self._copy(item[1], item[2], item[3])
-            self._hashes.put(("copied", position, item[3]))
-        else:
-            if self.durable:
-                os.fdatasync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-            self._hashes.put(item)
+    def _next_item(self) -> _Copy | _Bytes | None:
+        """Computed chunks first (they hold memory and unblock the producer), then copies."""
+        with self._state:
+            self._state.wait_for(
+                lambda: self._error is not None or self._chunks or self._copies or self._closed
+            )
+            if self._error is not None:
+                return None
+            if self._chunks:
+                return self._chunks.popleft()
+            if self._copies:
+                return self._copies.popleft()
+            return None
 
-    def _copy(self, src: int, offset: int, length: int) -> None:
+    def _write_loop(self) -> None:
+        try:
+            self._write_items()
+        finally:
+            with self._state:
+                self._writer_done = True
+                self._state.notify_all()
+
+    def _write_items(self) -> None:
+        while (item := self._next_item()) is not None:
+            out = self._files[item.file]
+            if isinstance(item, _Bytes):
+                _pwrite_all(out.fd, item.data, item.offset)
+                length = len(item.data)
+            else:
+                self._copy(item, out.fd)
+                length = item.length
+            with self._state:
+                if isinstance(item, _Bytes):
+                    self._buffered -= length
+                if length:
+                    out.done[item.offset] = item.offset + length
+                self.bytes_written += length
+                self.tensors_written += item.ends_tensor
+                self._state.notify_all()
+        if self.durable and self._error is None:
+            for out in self._files:
+                os.fdatasync(out.fd)
+
+    def _copy(self, item: _Copy, fd: int) -> None:
+        src_offset, offset, length = item.src_offset, item.offset, item.length
         while length and self._use_copy_range:
             try:
-                n = os.copy_file_range(src, self._fd, length, offset)
+                n = os.copy_file_range(item.src, fd, length, src_offset, offset)
             except OSError as e:
                 if e.errno not in _FALLBACK_ERRNOS:
                     raise
@@ -132,50 +215,53 @@ class OutputWriter:
                 break
             if n == 0:
                 raise OutputError("input ended while copying (file truncated?)")
-            offset, length = offset + n, length - n
+            src_offset, offset, length = src_offset + n, offset + n, length - n
         buffer = bytearray(min(BLOCK, length))
         while length:
             view = memoryview(buffer)[: min(BLOCK, length)]
-            n = os.preadv(src, [view], offset)
+            n = os.preadv(item.src, [view], src_offset)
             if n == 0:
                 raise OutputError("input ended while copying (file truncated?)")
-            _write_all(self._fd, view[:n])
-            offset, length = offset + n, length - n
+            _pwrite_all(fd, view[:n], offset)
+            src_offset, offset, length = src_offset + n, offset + n, length - n
 
-    def _hash(self, item: tuple[Any, ...]) -> None:
-        kind = item[0]
-        if kind == "begin":
-            self._sha = hashlib.sha256()
-            self._hashing = item[1]
-            self._read_fd = os.open(item[2], os.O_RDONLY)
-        elif kind == "bytes":
-            self._sha.update(item[1])
-            self.bytes_hashed += len(item[1])
-        elif kind == "copied":
-            self._hash_range(item[1], item[2])
-        else:
-            self.digests[self._hashing] = self._sha.hexdigest()
-            os.close(self._read_fd)
-            self._read_fd = -1
+    def _hash_loop(self) -> None:
+        buffer = bytearray(BLOCK)
+        for out in self._files:
+            sha = hashlib.sha256()
+            while out.hashed < out.size:
+                end = self._next_range(out)
+                if end is None:
+                    return
+                while out.hashed < end:
+                    view = memoryview(buffer)[: min(BLOCK, end - out.hashed)]
+                    n = os.preadv(out.fd, [view], out.hashed)
+                    if n == 0:
+                        raise OutputError(f"{out.name} is shorter than what was written")
+                    sha.update(view[:n])
+                    out.hashed += n
+            self.digests[out.name] = sha.hexdigest()
 
-    def _hash_range(self, offset: int, length: int) -> None:
-        buffer = bytearray(min(BLOCK, length))
-        while length:
-            view = memoryview(buffer)[: min(BLOCK, length)]
-            n = os.preadv(self._read_fd, [view], offset)
-            if n == 0:
-                raise OutputError("output file shorter than what was written")
-            self._sha.update(view[:n])
-            self.bytes_hashed += n
-            offset, length = offset + n, length - n
+    def _next_range(self, out: _File) -> int | None:
+        """Wait until the range starting where hashing stopped is written; return its end."""
+        with self._state:
+            self._state.wait_for(
+                lambda: self._error is not None or out.hashed in out.done or self._writer_done
+            )
+            if self._error is not None or out.hashed not in out.done:
+                if self._error is None:
+                    self._error = OutputError(f"{out.name}: bytes at {out.hashed} never written")
+                return None
+            return out.done.pop(out.hashed)
 
-    def _close_fds(self) -> None:
-        for fd in (self._fd, self._read_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._read_fd = -1
+    def _close(self) -> None:
+        for out in self._files:
+            if out.fd >= 0:
+                os.close(out.fd)
+                out.fd = -1
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
-        data = data[os.write(fd, data) :]
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
