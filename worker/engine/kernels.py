@@ -18,14 +18,14 @@ from worker.engine.tensor_io import TORCH_DTYPES, read_elements
 
 
 class Kernels:
-    def __init__(self, plan: Plan, *, device: torch.device, chunk_elements: int) -> None:
+    def __init__(self, plan: Plan, *, device: str, chunk_elements: int) -> None:
         self.plan = plan
-        self.device = device
+        self.device = torch.device(device)
         self.chunk_elements = chunk_elements
         # TIES holds several float32 temporaries per input: smaller chunks, same memory.
         self.ties_chunk_elements = max(1, chunk_elements // 2)
-        # Top-k selection holds one |δ| chunk: whole tensors up to 4 chunks (64 MB at 4 Mi).
-        self.selection_elements = 4 * chunk_elements
+        # Top-k selection holds one |δ| chunk: whole tensors up to 2 chunks in memory.
+        self.selection_elements = 2 * chunk_elements
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
@@ -40,6 +40,11 @@ class Kernels:
             else:
                 out = self._linear(tensor, start, count)
             yield out.to(TORCH_DTYPES[tensor.dtype]).cpu()
+
+    @staticmethod
+    def as_bytes(chunk: torch.Tensor) -> memoryview:
+        """The chunk's bytes, without a copy."""
+        return chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
         checkpoint = self.plan.checkpoints[source]

@@ -19,7 +19,6 @@ from typing import Any
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from worker.engine.digests import file_sha256
 from worker.engine.errors import DeviceError, OutputError
-from worker.engine.memory import return_large_buffers_to_os
 from worker.engine.plan import Plan
 from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from worker.engine.progress import CancelCheck, ProgressCallback
@@ -85,7 +84,6 @@ def execute(
     from worker.engine.streaming import stream_shards
 
     device = resolve_device(options.device)
-    return_large_buffers_to_os()
     started = time.monotonic()
     out_dir = out_dir.absolute()
     staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
@@ -117,16 +115,17 @@ def execute(
     return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
 
 
-def resolve_device(name: str) -> Any:
-    import torch
-
+def resolve_device(name: str) -> str:
+    """Validate the device before anything is written; torch is imported only for CUDA."""
     if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda"):
+        return name
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        import torch
+
         if not torch.cuda.is_available():
             raise DeviceError(f"device {name!r} requested but no CUDA GPU is available")
-        return torch.device(name)
-    raise DeviceError(f"unknown device {name!r} (use cpu or cuda)")
+        return name
+    raise DeviceError(f"unknown device {name!r} (use cpu, cuda or cuda:N)")
 
 
 def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[str, str]:

@@ -13,7 +13,9 @@ from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe
 from worker.engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 
 Resolver = Callable[[str], Path]
-DEFAULT_CHUNK_ELEMENTS = 4 * 1024 * 1024
+# Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
+# float32 temporaries (reused by the allocator from chunk to chunk) stay in the tens of MB.
+DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
 
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:

@@ -2,7 +2,8 @@
 
 Copies are queued first, as file ranges (never decoded, no memory held); then computed tensors
 are produced chunk by chunk and written at their offsets while those copies proceed, so the
-disk and the arithmetic overlap (writer.py). Cancellation is checked between tensors and
+disk and the arithmetic overlap (writer.py). torch itself (seconds to import) is loaded only
+once the copies are under way. Cancellation is checked between tensors and
 chunks; progress is reported between chunks and, while the last writes drain, every half second.
 """
 
@@ -13,10 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from worker.engine.errors import MergeCanceled
-from worker.engine.kernels import Kernels
 from worker.engine.plan import Plan, TensorPlan
 from worker.engine.progress import CancelCheck, Progress, ProgressCallback
 from worker.engine.safetensors_format import encode_header
@@ -47,7 +45,7 @@ def stream_shards(
     plan: Plan,
     staging: Path,
     *,
-    device: torch.device,
+    device: str,
     chunk_elements: int,
     durable: bool,
     tick_s: float,
@@ -80,12 +78,14 @@ def stream_shards(
         for file, (shard, (_, offsets)) in enumerate(zip(plan.shards, layout, strict=True))
         for index, offset in zip(shard.tensors, offsets, strict=True)
     ]
-    kernels = Kernels(plan, device=device, chunk_elements=chunk_elements)
     try:
         report()
         for file, tensor, offset in placed:
             if tensor.op == "copy":
                 _queue_copy(plan, tensor, writer, file, offset)
+        from worker.engine.kernels import Kernels  # imports torch, while the copies run
+
+        kernels = Kernels(plan, device=device, chunk_elements=chunk_elements)
         for file, tensor, offset in placed:
             if tensor.op != "copy":
                 check_cancel()
@@ -116,7 +116,7 @@ def _write_computed(
     plan: Plan,
     tensor: TensorPlan,
     writer: OutputWriter,
-    kernels: Kernels,
+    kernels: Any,
     file: int,
     offset: int,
     check_cancel: Any,
@@ -127,7 +127,7 @@ def _write_computed(
         writer.put_bytes(file, offset, memoryview(b""), ends_tensor=True)
     for chunk in kernels.chunks(tensor):
         check_cancel()
-        data = chunk.view(-1).view(torch.uint8).numpy().data
+        data = kernels.as_bytes(chunk)
         writer.put_bytes(file, offset, data, ends_tensor=offset + len(data) == end)
         offset += len(data)
 

@@ -63,7 +63,7 @@ class OutputWriter:
         files: list[tuple[str, bytes, int]],
         *,
         durable: bool = True,
-        max_buffered: int = 48 * 1024 * 1024,
+        max_buffered: int = 32 * 1024 * 1024,
     ) -> None:
         """`files`: (name, header, total size) of each output file, in hashing order."""
         self.durable = durable
