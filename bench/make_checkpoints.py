@@ -25,7 +25,7 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,22 +167,24 @@ def row_chunks(spec: TensorSpec) -> Iterator[tuple[int, ...]]:
 
 def write_tensor(
     spec: TensorSpec,
-    files: dict[str, BinaryIO],
+    files: Mapping[str, BinaryIO],
     generators: dict[str, torch.Generator],
     layers: int,
 ) -> None:
     std = NORM_STD if spec.is_norm else WEIGHT_STD
     for shape in row_chunks(spec):
-        base = torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, std, generator=generators["base"])
+        base = torch.empty(shape, dtype=torch.bfloat16).normal_(
+            0.0, std, generator=generators["base"]
+        )
         if spec.is_norm:
             base.add_(1.0)
-        files["base"].write(base.view(torch.uint8).numpy())
+        files["base"].write(base.view(torch.uint8).numpy().data)
         for model in ("task", "lang"):
             scale = DELTA_REL * std * delta_factor(model, spec.layer, layers)
             noise = torch.empty(shape, dtype=torch.bfloat16).normal_(
                 0.0, scale, generator=generators[model]
             )
-            files[model].write(noise.add_(base).view(torch.uint8).numpy())
+            files[model].write(noise.add_(base).view(torch.uint8).numpy().data)
 
 
 def write_side_files(p: Preset, directory: Path, model: str) -> None:
@@ -194,7 +196,7 @@ def write_side_files(p: Preset, directory: Path, model: str) -> None:
         num_hidden_layers=p.layers, num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
         head_dim=p.head_dim, max_position_embeddings=4096, rms_norm_eps=1e-5,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-        dtype=torch.bfloat16,
+        dtype=torch.bfloat16, architectures=["LlamaForCausalLM"],
     )  # fmt: skip
     config.save_pretrained(str(directory))
     GenerationConfig.from_model_config(config).save_pretrained(str(directory))
@@ -218,7 +220,9 @@ def make_checkpoints(preset: str, out: Path, *, seed: int = 0, force: bool = Fal
     """Write out/{base,task,lang}; returns out. Skips the work if a complete set exists."""
     p = PRESETS[preset]
     stamp = out / "complete.json"
-    description = {"preset": preset, "seed": seed, **p.__dict__, "models": list(MODELS)}
+    description = {
+        "preset": preset, "seed": seed, **p.__dict__, "models": list(MODELS), "format": 2,
+    }  # fmt: skip
     if not force and stamp.is_file() and json.loads(stamp.read_text()) == description:
         print(f"{out}: already complete (use --force to remake)", file=sys.stderr)
         return out
@@ -268,8 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="remake even if complete")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    make_checkpoints(args.preset, args.out or DATA_DIR / args.preset, seed=args.seed, force=args.force)
+    make_checkpoints(
+        args.preset, args.out or DATA_DIR / args.preset, seed=args.seed, force=args.force
+    )
 
 
 if __name__ == "__main__":
