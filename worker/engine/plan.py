@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from worker.engine.checkpoint import Checkpoint
@@ -166,7 +165,3 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "origin": t.origin,
         "terms": [[term.source, term.coefficient] for term in t.terms],
     }
-
-
-def input_paths(plan: Plan) -> list[Path]:
-    return [Path(i.path) for i in plan.inputs]
