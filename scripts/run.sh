@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# One command from a clean clone: set everything up, then run Layerswap's main job on its
-# embedded default — for now the CLI demo: example checkpoints -> plan -> layer swap -> analysis.
+# One command from a clean clone: set everything up, then run the Layerswap service on its
+# embedded default (SQLite + in-process executor, data under ./data) on http://127.0.0.1:8000.
+# Example checkpoints are created once under data/checkpoints/examples to try the API with.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
-export PATH="$ROOT/.venv/bin:$PATH"
-DEMO="${LAYERSWAP_DEMO_DIR:-$ROOT/examples}"
 cd "$ROOT"
-
-[[ -d "$DEMO/base" ]] || layerswap examples "$DEMO"
-echo "== plan (dry run)"
-layerswap merge "$DEMO/layer_swap.yaml" --out "$DEMO/merged" --dry-run
-echo "== layer swap"
-layerswap merge "$DEMO/layer_swap.yaml" --out "$DEMO/merged" --overwrite
-echo "== delta analysis"
-layerswap analyze --base "$DEMO/base" --expert "$DEMO/math" --expert "$DEMO/swh" \
-    --task math --language swh --out "$DEMO/analysis"
+export LAYERSWAP_DATA_DIR="${LAYERSWAP_DATA_DIR:-$ROOT/data}"
+EXAMPLES="$LAYERSWAP_DATA_DIR/checkpoints/examples"
+[[ -d "$EXAMPLES/base" ]] || .venv/bin/layerswap examples "$EXAMPLES"
+exec .venv/bin/layerswap serve "$@"

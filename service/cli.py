@@ -128,8 +128,9 @@ def progress_bar(*, disabled: bool) -> Iterator[Callable[[Any], None]]:
     def update(p: Any) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=p.bytes_total, unit="B", unit_scale=True, disable=disabled,
-                       desc="merging")  # fmt: skip
+            bar = tqdm(
+                total=p.bytes_total, unit="B", unit_scale=True, disable=disabled, desc="merging"
+            )
         bar.total = p.bytes_total
         bar.set_postfix_str(f"{p.tensors_done}/{p.tensors_total} tensors", refresh=False)
         bar.update(p.bytes_done - bar.n)
@@ -199,6 +200,78 @@ def examples(out_dir: Path) -> None:
     for name, path in made.items():
         click.echo(f"{name:>28}  {path}")
     click.echo(f"try: layerswap merge {out_dir}/layer_swap.yaml --out {out_dir}/merged")
+
+
+@cli.command()
+@click.option("--host", help="Bind address (default LAYERSWAP_HOST or 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default LAYERSWAP_PORT or 8000).")
+def serve(host: str | None, port: int | None) -> None:
+    """Run the HTTP API; with no configuration, on the embedded default (SQLite, in-process)."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.db.migrate import upgrade
+
+    settings = load_settings(host=host, port=port)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    for root in settings.source_roots:
+        root.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database)
+    click.echo(
+        f"layerswap: serving on http://{settings.host}:{settings.port} "
+        f"(database {settings.database.split('@')[-1]}, executor {settings.executor})"
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+def load_settings(**overrides: Any) -> Any:
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        problem = e.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "settings"
+        message = str(problem["msg"]).removeprefix("Value error, ")
+        click.echo(f"layerswap: error [invalid_settings]: {where}: {message}", err=True)
+        sys.exit(2)
+
+
+@cli.group()
+def keys() -> None:
+    """API keys."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="The tenant the key acts for.")
+def keys_create(tenant: str) -> None:
+    """Create an API key and print it (only this once; only its hash is stored)."""
+    from service.auth import create_key
+    from service.db.migrate import upgrade
+    from service.db.session import Database
+
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database)
+    click.echo(create_key(Database(settings.database), tenant))
+
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply Alembic migrations up to the newest."""
+    from service.db.migrate import upgrade
+
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database)
+    click.echo("database schema is up to date")
 
 
 def main() -> None:

@@ -47,6 +47,11 @@ def parse_size(value: int | str) -> int:
 
 
 class OutputOptions(_Strict):
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="service only: the output artifact's name (default: from the job id)",
+    )
     dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
     shard_size: int | str = Field("5GB", description="largest shard, e.g. 5GB, 500MB, 1GiB")
 
@@ -197,9 +202,14 @@ def parse_recipe(data: Any) -> Recipe:
 
 
 def _recipe_error(error: ValidationError) -> RecipeError:
+    return recipe_error_from(error.errors(), skip=1)  # loc[0] is the method tag
+
+
+def recipe_error_from(errors: list[Any], *, skip: int) -> RecipeError:
+    """One RecipeError from Pydantic errors, naming the most useful field first."""
     problems = []
-    for item in error.errors():
-        loc = [str(part) for part in item["loc"][1:] if not _is_union_tag(part)]  # [0]: method
+    for item in errors:
+        loc = [str(part) for part in item["loc"][skip:] if not _is_union_tag(part)]
         message = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
@@ -208,8 +218,8 @@ def _recipe_error(error: ValidationError) -> RecipeError:
     # ("should be 'uniform'") is the least helpful when the value was a mapping or list.
     literal = {
         i
-        for i, item in enumerate(error.errors())
-        if item["type"] == "literal_error" and not isinstance(item["input"], str)
+        for i, item in enumerate(errors)
+        if item["type"] == "literal_error" and not isinstance(item.get("input"), str)
     }
     first = min(range(len(problems)), key=lambda i: (i in literal and len(problems) > 1, i))
     where = _mentioned_field(problems[first]["message"]) or problems[first]["field"]

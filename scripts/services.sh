@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Make sure the local PostgreSQL (127.0.0.1:5432, trust auth) the tests use is running;
+# start it, or install it from Debian's packages, when it is not.
+set -euo pipefail
+
+pg_ready() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+
+if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    echo "services: installing PostgreSQL" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+if ! pg_ready; then
+    echo "services: starting PostgreSQL" >&2
+    version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
+fi
+pg_ready || { echo "services: PostgreSQL is not reachable on 127.0.0.1:5432" >&2; exit 1; }

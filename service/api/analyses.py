@@ -1,0 +1,60 @@
+"""/v1/analyses: the engine's delta analysis as a job; its JSON and heatmap PNG."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import FileResponse
+
+from service import jobs
+from service.api.deps import ContextDep, TenantDep
+from service.errors import Conflict
+from service.schemas import AnalysisCreate, JobRead, job_read
+from service.sources import resolve_local
+from worker.analysis_jobs import analysis_dir
+
+router = APIRouter(prefix="/v1/analyses", tags=["analyses"])
+
+
+@router.post("", status_code=202, response_model=JobRead)
+def submit_analysis(
+    body: AnalysisCreate,
+    response: Response,
+    context: ContextDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobRead:
+    roots = context.settings.source_roots
+    resolve_local(body.base, roots, field="base")
+    for i, expert in enumerate(body.experts):
+        resolve_local(expert.path, roots, field=f"experts.{i}.path")
+    new = jobs.NewJob(tenant, "analysis", body.model_dump(), None, idempotency_key)
+    job, created = jobs.submit(context.db, context.settings, new)
+    if created:
+        context.executor.dispatch(job.id)
+    response.headers["Location"] = f"/v1/analyses/{job.id}"
+    return job_read(job)
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def get_analysis(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+    return job_read(jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis"))
+
+
+@router.get(
+    "/{job_id}/{filename}",
+    response_class=FileResponse,
+    responses={200: {"content": {"image/png": {}, "application/json": {}}}},
+)
+def analysis_file(
+    job_id: str,
+    filename: Literal["heatmap.png", "analysis.json"],
+    context: ContextDep,
+    tenant: TenantDep,
+) -> FileResponse:
+    job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis")
+    if job.status != jobs.SUCCEEDED:
+        raise Conflict(f"analysis {job_id} is {job.status}, not succeeded")
+    media = "image/png" if filename.endswith(".png") else "application/json"
+    return FileResponse(analysis_dir(context.settings, job) / filename, media_type=media)

@@ -1,0 +1,40 @@
+"""Dependencies shared by the routes, as Annotated aliases so routes read like prose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from service.auth import tenant_for
+from service.db.session import Database
+from service.jobs import Executor, ensure_tenant
+from service.settings import Settings
+
+
+@dataclass
+class Context:
+    settings: Settings
+    db: Database
+    executor: Executor
+
+
+def get_context(request: Request) -> Context:
+    context: Context = request.app.state.context
+    return context
+
+
+ContextDep = Annotated[Context, Depends(get_context)]
+
+
+def current_tenant(
+    context: ContextDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
+    if not context.settings.auth:
+        ensure_tenant(context.db, context.settings.default_tenant)
+        return context.settings.default_tenant
+    return tenant_for(context.db, authorization)
+
+
+TenantDep = Annotated[str, Depends(current_tenant)]

@@ -1,0 +1,156 @@
+"""/v1/merges: submit, read, list, cancel, events (JSON or Server-Sent Events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from service import jobs
+from service.api.deps import Context, ContextDep, TenantDep
+from service.db.models import Artifact, Job
+from service.errors import ServiceError
+from service.lineage import get_artifact
+from service.schemas import EventRead, FileRead, JobPage, JobRead, OutputRead, job_read
+from service.sources import resolve_local
+from worker.engine.recipe import LayerSwapRecipe, Recipe, recipe_to_dict
+
+router = APIRouter(prefix="/v1/merges", tags=["merges"])
+SSE_POLL_S = 0.5
+
+
+def read_job(context: Context, job: Job) -> JobRead:
+    output = None
+    if job.output_artifact_id:
+        artifact: Artifact = get_artifact(
+            context.db, tenant=job.tenant_id, artifact_id=job.output_artifact_id
+        )
+        files = [FileRead(name=n, sha256=s) for n, s in sorted(artifact.files.items())]
+        output = OutputRead(
+            artifact_id=artifact.id, name=job.output_name, location=artifact.location, files=files
+        )
+    return job_read(job, output)
+
+
+def check_sources(recipe: Recipe, context: Context) -> None:
+    roots = context.settings.source_roots
+    named: list[tuple[str, str]] = []
+    if isinstance(recipe, LayerSwapRecipe):
+        named += [(f"experts.task.{i}", s) for i, s in enumerate(recipe.experts.task)]
+        named += [(f"experts.language.{i}", s) for i, s in enumerate(recipe.experts.language)]
+    else:
+        named += [(f"models.{i}", s) for i, s in enumerate(recipe.models)]
+    if recipe.base is not None:
+        named.append(("base", recipe.base))
+    for field, source in named:
+        resolve_local(source, roots, field=field)
+
+
+@router.post("", status_code=202, response_model=JobRead)
+def submit_merge(
+    recipe: Recipe,
+    response: Response,
+    context: ContextDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobRead:
+    """Queue a merge. The body is the recipe schema of `layerswap merge`."""
+    check_sources(recipe, context)
+    new = jobs.NewJob(tenant, "merge", recipe_to_dict(recipe), recipe.output.name, idempotency_key)
+    job, created = jobs.submit(context.db, context.settings, new)
+    if created:
+        context.executor.dispatch(job.id)
+    response.headers["Location"] = f"/v1/merges/{job.id}"
+    return read_job(context, job)
+
+
+@router.get("", response_model=JobPage)
+def list_merges(
+    context: ContextDep,
+    tenant: TenantDep,
+    status: Annotated[Literal[jobs.STATUSES] | None, Query()] = None,  # type: ignore[valid-type]
+    input_artifact: str | None = None,
+    output_artifact: str | None = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobPage:
+    """Newest first; filter by status or by an input or output artifact; cursor pagination."""
+    if input_artifact and output_artifact:
+        raise ServiceError("give input_artifact or output_artifact, not both")
+    artifact = (
+        ("input", input_artifact)
+        if input_artifact
+        else ("output", output_artifact)
+        if output_artifact
+        else None
+    )
+    found, next_cursor = jobs.list_jobs(
+        context.db,
+        tenant=tenant,
+        kind="merge",
+        status=status,
+        artifact=artifact,
+        cursor=cursor,
+        limit=limit,
+    )
+    return JobPage(items=[read_job(context, j) for j in found], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def get_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+    return read_job(context, jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge"))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
+def cancel_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+    """Cooperative: a running merge stops between tensors and leaves no output."""
+    jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
+    return read_job(context, jobs.request_cancel(context.db, tenant=tenant, job_id=job_id))
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=list[EventRead],
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def merge_events(
+    job_id: str,
+    request: Request,
+    context: ContextDep,
+    tenant: TenantDep,
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> list[EventRead] | StreamingResponse:
+    """The job's event log; as Server-Sent Events for `Accept: text/event-stream`."""
+    jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
+    start = last_event_id if last_event_id is not None else after
+    if "text/event-stream" in request.headers.get("accept", ""):
+        stream = _event_stream(context, tenant, job_id, start, request)
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    found = jobs.events(context.db, tenant=tenant, job_id=job_id, after=start)
+    return [EventRead.model_validate(e, from_attributes=True) for e in found]
+
+
+async def _event_stream(
+    context: Context, tenant: str, job_id: str, after: int, request: Request
+) -> AsyncIterator[str]:
+    while not await request.is_disconnected():
+        found = await asyncio.to_thread(
+            jobs.events, context.db, tenant=tenant, job_id=job_id, after=after
+        )
+        for event in found:
+            after = event.id
+            data = json.dumps(
+                {"type": event.type, **event.data, "created_at": event.created_at.isoformat()}
+            )
+            yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
+        job = await asyncio.to_thread(jobs.get, context.db, tenant=tenant, job_id=job_id)
+        if job.status in jobs.TERMINAL and not found:
+            return
+        await asyncio.sleep(SSE_POLL_S)

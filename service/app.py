@@ -1,0 +1,44 @@
+"""create_app(settings): the FastAPI application with its store and executor."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import analyses, artifacts, errors, merges, meta
+from service.api.deps import Context
+from service.db.session import Database
+from service.jobs import Executor
+from service.settings import Settings
+
+
+def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
+    """The schema must already be migrated (`layerswap db upgrade`; `serve` does it)."""
+    db = Database(settings.database)
+    if executor is None:
+        from worker.executors import LocalExecutor
+
+        executor = LocalExecutor(db, settings)
+    context = Context(settings=settings, db=db, executor=executor)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        context.executor.start()
+        yield
+        context.executor.stop()
+        db.dispose()
+
+    app = FastAPI(
+        title="Layerswap",
+        version="0.1.0",
+        description="Merge fine-tuned LLM checkpoints on demand: layer swapping, soups, "
+        "task arithmetic, TIES.",
+        lifespan=lifespan,
+    )
+    app.state.context = context
+    errors.install(app)
+    for module in (merges, artifacts, analyses, meta):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,43 @@
+"""Service errors: a stable code, an HTTP status, a message and JSON details. Picklable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    code = "service_error"
+    status = 400
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,), {"details": self.details})
+
+
+class NotFound(ServiceError):
+    code = "not_found"
+    status = 404
+
+
+class SourceNotAllowed(ServiceError):
+    code = "source_not_allowed"
+    status = 422
+
+
+class IdempotencyConflict(ServiceError):
+    code = "idempotency_key_reused"
+    status = 422
+
+
+class Conflict(ServiceError):
+    code = "conflict"
+    status = 409
+
+
+class Unauthorized(ServiceError):
+    code = "unauthorized"
+    status = 401

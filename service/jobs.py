@@ -1,0 +1,259 @@
+"""Jobs: submit, read, list, cancel; the state machine; the Executor protocol.
+
+queued -> running -> succeeded | failed | canceled, with canceling while a running job winds
+down. Every transition is written with an event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
+from service.db.session import Database
+from service.errors import Conflict, IdempotencyConflict, NotFound, ServiceError
+from service.settings import Settings
+
+QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
+SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
+STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
+
+
+class Executor(Protocol):
+    """Runs jobs somewhere: in this process (local) or on Celery workers."""
+
+    def dispatch(self, job_id: str) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def request_digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def add_event(session: Session, job_id: str, type_: str, **data: Any) -> None:
+    session.add(JobEvent(job_id=job_id, type=type_, data=data))
+
+
+def ensure_tenant(db: Database, tenant: str) -> None:
+    with db.session() as session:
+        if session.get(Tenant, tenant) is None:
+            session.add(Tenant(id=tenant))
+    # A concurrent creator may win; that is fine.
+
+
+@dataclass(frozen=True)
+class NewJob:
+    tenant: str
+    kind: str
+    request: dict[str, Any]
+    output_name: str | None
+    idempotency_key: str | None
+
+
+def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
+    """Insert a queued job (or return the one this idempotency key already made)."""
+    digest = request_digest({"kind": new.kind, **new.request})
+    job_id = new_id()
+    name = new.output_name or f"{new.kind}-{job_id[:12]}"
+    if new.kind == "merge" and _output_dir(settings, new.tenant, name).exists():
+        raise Conflict(
+            f"output.name: an artifact named {name!r} already exists",
+            details={"field": "output.name"},
+        )
+    try:
+        with db.session() as session:
+            if new.idempotency_key and (found := _by_key(session, new, digest)):
+                return found, False
+            job = Job(
+                id=job_id,
+                tenant_id=new.tenant,
+                kind=new.kind,
+                status=QUEUED,
+                request=new.request,
+                request_hash=digest,
+                idempotency_key=new.idempotency_key,
+                output_name=name,
+                max_attempts=settings.max_attempts,
+            )
+            session.add(job)
+            session.flush()
+            add_event(session, job.id, QUEUED)
+        return job, True
+    except IntegrityError:
+        # A concurrent request with the same key committed first: answer with its job.
+        with db.session() as session:
+            found = _by_key(session, new, digest) if new.idempotency_key else None
+        if found is None:
+            raise
+        return found, False
+
+
+def _by_key(session: Session, new: NewJob, digest: str) -> Job | None:
+    job = session.scalars(
+        select(Job).where(Job.tenant_id == new.tenant, Job.idempotency_key == new.idempotency_key)
+    ).first()
+    if job is not None and job.request_hash != digest:
+        raise IdempotencyConflict(
+            "Idempotency-Key was already used with a different request body",
+            details={"job_id": job.id},
+        )
+    return job
+
+
+def _output_dir(settings: Settings, tenant: str, name: str) -> Path:
+    return settings.artifacts_dir / tenant / name
+
+
+def output_dir(settings: Settings, job: Job) -> Path:
+    return _output_dir(settings, job.tenant_id, job.output_name)
+
+
+def get(db: Database, *, tenant: str, job_id: str, kind: str | None = None) -> Job:
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.tenant_id != tenant or (kind and job.kind != kind):
+            raise NotFound(f"no such job: {job_id}")
+        return job
+
+
+def list_jobs(
+    db: Database,
+    *,
+    tenant: str,
+    kind: str,
+    status: str | None,
+    artifact: tuple[str, str] | None,  # (direction, artifact id)
+    cursor: str | None,
+    limit: int,
+) -> tuple[list[Job], str | None]:
+    """Newest first; `cursor` continues after the last job of the previous page."""
+    query = select(Job).where(Job.tenant_id == tenant, Job.kind == kind)
+    if status:
+        query = query.where(Job.status == status)
+    if artifact:
+        direction, artifact_id = artifact
+        query = query.where(
+            Job.id.in_(
+                select(LineageEdge.job_id).where(
+                    LineageEdge.direction == direction, LineageEdge.artifact_id == artifact_id
+                )
+            )
+        )
+    if cursor:
+        created, last_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < last_id))
+        )
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    with db.session() as session:
+        jobs = list(session.scalars(query))
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return jobs, _encode_cursor(jobs[-1]) if more else None
+
+
+def _encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return datetime.fromisoformat(created), str(job_id)
+    except (ValueError, TypeError) as e:
+        raise ServiceError("cursor: not a cursor from this API", details={"field": "cursor"}) from e
+
+
+def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
+    """Queued jobs stop at once; running ones are asked to stop (checked between tensors)."""
+    with db.session() as session:
+        job = session.get(Job, job_id, with_for_update=not db.is_sqlite)
+        if job is None or job.tenant_id != tenant:
+            raise NotFound(f"no such job: {job_id}")
+        if job.status in TERMINAL:
+            raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
+        job.cancel_requested = True
+        if job.status == QUEUED:
+            job.status, job.finished_at = CANCELED, utcnow()
+            add_event(session, job.id, CANCELED, reason="canceled before it started")
+        elif job.status == RUNNING:
+            job.status = CANCELING
+            add_event(session, job.id, CANCELING)
+        return job
+
+
+def claim(db: Database, job_id: str) -> bool:
+    """Compare-and-set queued -> running (attempt + 1). False if anyone else has it."""
+    with db.session() as session:
+        now = utcnow()
+        result: Any = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == QUEUED, Job.cancel_requested.is_(False))
+            .values(
+                status=RUNNING,
+                attempts=Job.attempts + 1,
+                started_at=now,
+                heartbeat_at=now,
+                stage="planning",
+            )
+        )
+        claimed = int(result.rowcount)
+        if claimed == 1:
+            job = session.get(Job, job_id)
+            assert job is not None
+            add_event(session, job_id, RUNNING, attempt=job.attempts)
+        return claimed == 1
+
+
+def events(db: Database, *, tenant: str, job_id: str, after: int = 0) -> list[JobEvent]:
+    get(db, tenant=tenant, job_id=job_id)
+    with db.session() as session:
+        return list(
+            session.scalars(
+                select(JobEvent)
+                .where(JobEvent.job_id == job_id, JobEvent.id > after)
+                .order_by(JobEvent.id)
+            )
+        )
+
+
+def requeue_interrupted(db: Database) -> list[str]:
+    """At start-up: jobs left running by a dead process go back to the queue (or fail when
+    out of attempts); return every queued job id, oldest first."""
+    with db.session() as session:
+        for job in session.scalars(select(Job).where(Job.status.in_([RUNNING, CANCELING]))):
+            if job.status == CANCELING:
+                job.status, job.finished_at = CANCELED, utcnow()
+                add_event(session, job.id, CANCELED, reason="process stopped while canceling")
+            elif job.attempts >= job.max_attempts:
+                job.status, job.finished_at = FAILED, utcnow()
+                job.error = {
+                    "code": "attempts_exhausted",
+                    "message": f"interrupted {job.attempts} times; giving up",
+                }
+                add_event(session, job.id, FAILED, **job.error)
+            else:
+                job.status, job.stage = QUEUED, None
+                add_event(session, job.id, QUEUED, reason="resumed after a restart")
+        return list(
+            session.scalars(select(Job.id).where(Job.status == QUEUED).order_by(Job.created_at))
+        )

@@ -1,0 +1,123 @@
+"""HTTP request/response models. The merge request body IS the engine's recipe schema."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.db.models import Job
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class ProgressRead(BaseModel):
+    bytes_done: int
+    bytes_total: int
+    tensors_done: int
+    tensors_total: int
+    fraction: float
+    eta_s: float | None
+
+
+class FileRead(BaseModel):
+    name: str
+    sha256: str
+
+
+class OutputRead(BaseModel):
+    artifact_id: str
+    name: str
+    location: str
+    files: list[FileRead]
+
+
+class JobRead(BaseModel):
+    id: str
+    kind: str
+    status: str
+    stage: str | None
+    attempts: int
+    progress: ProgressRead
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: ErrorBody | None
+    request: dict[str, Any]
+    plan: list[dict[str, Any]] | None = Field(None, description="per-layer provenance")
+    plan_digest: str | None
+    output: OutputRead | None = None
+    result: dict[str, Any] | None = None
+
+
+class JobPage(BaseModel):
+    items: list[JobRead]
+    next_cursor: str | None
+
+
+class EventRead(BaseModel):
+    id: int
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+class ExpertRef(_Strict):
+    label: str = Field(min_length=1, max_length=64)
+    path: str = Field(min_length=1)
+
+
+class AnalysisCreate(_Strict):
+    base: str = Field(min_length=1)
+    experts: list[ExpertRef] = Field(min_length=1, max_length=16)
+    task: str | None = None
+    language: str | None = None
+    threshold: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+def progress_of(job: Job) -> ProgressRead:
+    fraction = job.bytes_done / job.bytes_total if job.bytes_total else 0.0
+    if job.status == "succeeded":
+        fraction = 1.0
+    eta = None
+    if job.started_at and 0 < fraction < 1 and job.status == "running":
+        started = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=None)
+        now = datetime.now(started.tzinfo)
+        eta = (now - started).total_seconds() * (1 - fraction) / fraction
+    return ProgressRead(
+        bytes_done=job.bytes_done,
+        bytes_total=job.bytes_total,
+        tensors_done=job.tensors_done,
+        tensors_total=job.tensors_total,
+        fraction=round(fraction, 6),
+        eta_s=eta,
+    )
+
+
+def job_read(job: Job, output: OutputRead | None = None) -> JobRead:
+    return JobRead(
+        id=job.id,
+        kind=job.kind,
+        status=job.status,
+        stage=job.stage,
+        attempts=job.attempts,
+        progress=progress_of(job),
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        error=ErrorBody(**job.error) if job.error else None,
+        request=job.request,
+        plan=job.plan_summary,
+        plan_digest=job.plan_digest,
+        output=output,
+        result=job.result,
+    )

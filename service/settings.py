@@ -1,0 +1,68 @@
+"""Service configuration: one Settings object, read from LAYERSWAP_* variables, checked at start.
+
+With nothing set, the service runs on its embedded default: a SQLite file and artifacts under
+`./data`, the in-process executor, bound to loopback without authentication.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LAYERSWAP_", frozen=True)
+
+    data_dir: Path = Field(Path("data"), description="SQLite file, artifacts and caches")
+    database_url: str | None = Field(None, description="default: sqlite:///<data_dir>/layerswap.db")
+    executor: Literal["local", "celery"] = "local"
+    allowed_roots: list[Path] = Field(
+        default_factory=list,
+        description="local sources must lie under one of these (default: <data_dir>/checkpoints "
+        "and the artifacts directory)",
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    auth: bool = Field(False, description="require API keys (mandatory off loopback)")
+    default_tenant: str = "default"
+    max_attempts: int = Field(3, ge=1)
+    progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
+    merge_device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _safe_binding(self) -> Self:
+        if not self.auth and not _is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} without authentication: set LAYERSWAP_AUTH=true"
+            )
+        return self
+
+    @property
+    def database(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'layerswap.db').absolute()}"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return (self.data_dir / "artifacts").absolute()
+
+    @property
+    def cache_dir(self) -> Path:
+        return (self.data_dir / "cache").absolute()
+
+    @property
+    def source_roots(self) -> list[Path]:
+        roots = self.allowed_roots or [self.data_dir / "checkpoints", self.artifacts_dir]
+        return [root.resolve() for root in roots]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

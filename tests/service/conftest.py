@@ -1,0 +1,131 @@
+"""The real service over HTTP: SQLite and PostgreSQL stores, the in-process executor, tiny
+real checkpoints under an allowed root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from service.app import create_app
+from service.db.migrate import upgrade
+from service.db.session import Database
+from service.settings import Settings
+
+POSTGRES_ADMIN = os.environ.get(
+    "LAYERSWAP_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+TERMINAL = {"succeeded", "failed", "canceled"}
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/, math/ and swh/ (a 6-layer Llama family) plus recipe files."""
+    from worker.examples import make_examples
+
+    root = tmp_path_factory.mktemp("examples")
+    make_examples(root)
+    return root
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"layerswap_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'layerswap.db'}"
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+@dataclass
+class Service:
+    client: TestClient
+    settings: Settings
+    db: Database
+    checkpoints: Path  # the allowed source root, holding base/ math/ swh/
+
+    def submit(self, body: dict[str, Any], **headers: str) -> dict[str, Any]:
+        response = self.client.post("/v1/merges", json=body, headers=headers)
+        assert response.status_code == 202, response.text
+        return dict(response.json())
+
+    def wait(self, job_id: str, *, kind: str = "merges", timeout: float = 120.0) -> dict[str, Any]:
+        """Poll until the job is finished (fails the test at the deadline)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.client.get(f"/v1/{kind}/{job_id}").json()
+            if job["status"] in TERMINAL:
+                return dict(job)
+            assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
+            time.sleep(0.05)
+
+
+def make_settings(root: Path, url: str, **overrides: Any) -> Settings:
+    data = root / "data"
+    checkpoints = data / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    return Settings(
+        data_dir=data,
+        database_url=url,
+        allowed_roots=[checkpoints, data / "artifacts"],
+        progress_interval_s=0.05,
+        **overrides,
+    )
+
+
+@contextmanager
+def running_service(root: Path, url: str, examples: Path, **overrides: Any) -> Iterator[Service]:
+    settings = make_settings(root, url, **overrides)
+    checkpoints = settings.source_roots[0]
+    for name in ("base", "math", "swh"):
+        if not (checkpoints / name).exists():
+            shutil.copytree(examples / name, checkpoints / name)
+    upgrade(settings.database)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        yield Service(client, settings, app.state.context.db, checkpoints)
+
+
+@pytest.fixture
+def service(tmp_path: Path, database_url: str, examples: Path) -> Iterator[Service]:
+    with running_service(tmp_path, database_url, examples) as running:
+        yield running
+
+
+def layer_swap(**params: Any) -> dict[str, Any]:
+    return {
+        "method": "layer_swap",
+        "experts": {"task": ["math"], "language": ["swh"]},
+        "params": {"bottom": 1, "top": 1, **params},
+    }
