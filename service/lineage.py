@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db.models import Artifact, Job, LineageEdge
+from service.db.models import Artifact, Job, LineageEdge, as_utc
 from service.db.session import Database
 from service.errors import NotFound
 from service.jobs import new_id
@@ -156,5 +156,5 @@ def artifact_dict(artifact: Artifact) -> dict[str, Any]:
         "architecture": artifact.architecture,
         "num_layers": artifact.num_layers,
         "files": [{"name": n, "sha256": s} for n, s in sorted(artifact.files.items())],
-        "created_at": artifact.created_at.isoformat(),
+        "created_at": as_utc(artifact.created_at).isoformat(),
     }

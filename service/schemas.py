@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from service.db.models import Job
+from service.db.models import Job, as_utc
+
+UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class _Strict(BaseModel):
@@ -48,9 +50,9 @@ class JobRead(BaseModel):
     stage: str | None
     attempts: int
     progress: ProgressRead
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: UtcTime
+    started_at: UtcTime | None
+    finished_at: UtcTime | None
     error: ErrorBody | None
     request: dict[str, Any]
     plan: list[dict[str, Any]] | None = Field(None, description="per-layer provenance")
@@ -68,7 +70,7 @@ class EventRead(BaseModel):
     id: int
     type: str
     data: dict[str, Any]
-    created_at: datetime
+    created_at: UtcTime
 
 
 class ExpertRef(_Strict):
@@ -89,10 +91,9 @@ def progress_of(job: Job) -> ProgressRead:
     if job.status == "succeeded":
         fraction = 1.0
     eta = None
-    if job.started_at and 0 < fraction < 1 and job.status == "running":
-        started = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=None)
-        now = datetime.now(started.tzinfo)
-        eta = (now - started).total_seconds() * (1 - fraction) / fraction
+    started = as_utc(job.started_at)
+    if started is not None and 0 < fraction < 1 and job.status == "running":
+        eta = (datetime.now(UTC) - started).total_seconds() * (1 - fraction) / fraction
     return ProgressRead(
         bytes_done=job.bytes_done,
         bytes_total=job.bytes_total,
