@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
 from sqlalchemy import select
 
 from service.db.models import ApiKey, Tenant
 from service.db.session import Database
-from service.errors import Unauthorized
+from service.errors import InvalidRequest, Unauthorized
 from service.jobs import new_id
 
 PREFIX = "lsk_"
@@ -19,7 +20,17 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+TENANT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
 def create_key(db: Database, tenant: str) -> str:
+    """A new key for `tenant` (created if new); tenant names become directory names."""
+    if not TENANT_PATTERN.match(tenant):
+        raise InvalidRequest(
+            f"tenant: {tenant!r} must be 1-64 letters, digits, '_' or '-', not starting with "
+            "'_' or '-'",
+            details={"field": "tenant"},
+        )
     key = PREFIX + secrets.token_urlsafe(32)
     with db.session() as session:
         if session.get(Tenant, tenant) is None:

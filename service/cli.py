@@ -251,11 +251,16 @@ def keys_create(tenant: str) -> None:
     from service.auth import create_key
     from service.db.migrate import upgrade
     from service.db.session import Database
+    from service.errors import ServiceError
 
     settings = load_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database)
-    click.echo(create_key(Database(settings.database), tenant))
+    try:
+        click.echo(create_key(Database(settings.database), tenant))
+    except ServiceError as e:
+        click.echo(f"layerswap: error [{e.code}]: {e.message}", err=True)
+        sys.exit(2)
 
 
 @cli.group()

@@ -18,6 +18,11 @@ class ServiceError(Exception):
         return (type(self), (self.message,), {"details": self.details})
 
 
+class InvalidRequest(ServiceError):
+    code = "invalid_request"
+    status = 422
+
+
 class NotFound(ServiceError):
     code = "not_found"
     status = 404
@@ -25,6 +30,11 @@ class NotFound(ServiceError):
 
 class SourceNotAllowed(ServiceError):
     code = "source_not_allowed"
+    status = 422
+
+
+class SourceNotFound(ServiceError):
+    code = "source_not_found"
     status = 422
 
 

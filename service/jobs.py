@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
-from service.errors import Conflict, IdempotencyConflict, NotFound, ServiceError
+from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from service.settings import Settings
 
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
@@ -44,6 +44,12 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def is_id(value: str) -> bool:
+    """Could this be an id? One with a NUL byte names nothing, and PostgreSQL refuses it in a
+    query (an error, not a miss), so it is never sent there."""
+    return "\0" not in value
+
+
 def request_digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -53,10 +59,12 @@ def add_event(session: Session, job_id: str, type_: str, **data: Any) -> None:
 
 
 def ensure_tenant(db: Database, tenant: str) -> None:
-    with db.session() as session:
-        if session.get(Tenant, tenant) is None:
-            session.add(Tenant(id=tenant))
-    # A concurrent creator may win; that is fine.
+    try:
+        with db.session() as session:
+            if session.get(Tenant, tenant) is None:
+                session.add(Tenant(id=tenant))
+    except IntegrityError:
+        pass  # a concurrent request created it first: that is fine
 
 
 @dataclass(frozen=True)
@@ -73,15 +81,15 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
     digest = request_digest({"kind": new.kind, **new.request})
     job_id = new_id()
     name = new.output_name or f"{new.kind}-{job_id[:12]}"
-    if new.kind == "merge" and _output_dir(settings, new.tenant, name).exists():
-        raise Conflict(
-            f"output.name: an artifact named {name!r} already exists",
-            details={"field": "output.name"},
-        )
     try:
         with db.session() as session:
             if new.idempotency_key and (found := _by_key(session, new, digest)):
-                return found, False
+                return found, False  # a retry: its job may well have written the output
+            if new.kind == "merge" and _output_dir(settings, new.tenant, name).exists():
+                raise Conflict(
+                    f"output.name: an artifact named {name!r} already exists",
+                    details={"field": "output.name"},
+                )
             job = Job(
                 id=job_id,
                 tenant_id=new.tenant,
@@ -128,7 +136,7 @@ def output_dir(settings: Settings, job: Job) -> Path:
 
 def get(db: Database, *, tenant: str, job_id: str, kind: str | None = None) -> Job:
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id) if is_id(job_id) else None
         if job is None or job.tenant_id != tenant or (kind and job.kind != kind):
             raise NotFound(f"no such job: {job_id}")
         return job
@@ -150,6 +158,8 @@ def list_jobs(
         query = query.where(Job.status == status)
     if artifact:
         direction, artifact_id = artifact
+        if not is_id(artifact_id):
+            return [], None
         query = query.where(
             Job.id.in_(
                 select(LineageEdge.job_id).where(
@@ -178,15 +188,19 @@ def _encode_cursor(job: Job) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not is_id(str(job_id)):
+            raise ValueError(job_id)
         return datetime.fromisoformat(created), str(job_id)
     except (ValueError, TypeError) as e:
-        raise ServiceError("cursor: not a cursor from this API", details={"field": "cursor"}) from e
+        raise InvalidRequest(
+            "cursor: not a cursor from this API", details={"field": "cursor"}
+        ) from e
 
 
 def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
     """Queued jobs stop at once; running ones are asked to stop (checked between tensors)."""
     with db.session() as session:
-        job = session.get(Job, job_id, with_for_update=not db.is_sqlite)
+        job = session.get(Job, job_id, with_for_update=not db.is_sqlite) if is_id(job_id) else None
         if job is None or job.tenant_id != tenant:
             raise NotFound(f"no such job: {job_id}")
         if job.status in TERMINAL:

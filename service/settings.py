@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     auth: bool = Field(False, description="require API keys (mandatory off loopback)")
-    default_tenant: str = "default"
+    default_tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     max_attempts: int = Field(3, ge=1)
     progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
     merge_device: str = "cpu"

@@ -1,13 +1,15 @@
 """Local checkpoint sources: only directories under the configured allowed roots.
 
 Paths are resolved (following `..` and symlinks) before the check, so neither can escape.
+Inside the artifacts directory a tenant may read only its own outputs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.errors import SourceNotAllowed
+from service.errors import SourceNotAllowed, SourceNotFound
+from service.settings import Settings
 
 
 def resolve_local(source: str, roots: list[Path], *, field: str = "source") -> Path:
@@ -17,11 +19,37 @@ def resolve_local(source: str, roots: list[Path], *, field: str = "source") -> P
             f"{field}: {source}: only local checkpoint directories are supported",
             details={"field": field},
         )
+    if "\0" in source:  # no path holds one; resolve() would raise ValueError (a 500)
+        raise SourceNotAllowed(f"{field}: not a path (NUL byte)", details={"field": field})
     path = Path(source)
-    real = (path if path.is_absolute() else roots[0] / path).resolve()
+    try:
+        real = (path if path.is_absolute() else roots[0] / path).resolve()
+    except OSError as e:  # a name too long, a symlink loop
+        raise SourceNotAllowed(
+            f"{field}: not a usable path ({e.strerror})", details={"field": field}
+        ) from None
     if not any(real.is_relative_to(root) for root in roots):
         raise SourceNotAllowed(
             f"{field}: {source} is outside the allowed source directories",
             details={"field": field, "allowed_roots": [str(r) for r in roots]},
+        )
+    return real
+
+
+def resolve_source(
+    source: str, settings: Settings, tenant: str, *, field: str = "source", must_exist: bool = True
+) -> Path:
+    """resolve_local under the configured roots, refusing other tenants' artifacts and (at
+    submit time) directories that do not exist."""
+    real = resolve_local(source, settings.source_roots, field=field)
+    artifacts = settings.artifacts_dir.resolve()
+    if real.is_relative_to(artifacts) and not real.is_relative_to(artifacts / tenant):
+        raise SourceNotAllowed(
+            f"{field}: {source} is outside the allowed source directories",
+            details={"field": field},
+        )
+    if must_exist and not real.is_dir():
+        raise SourceNotFound(
+            f"{field}: {source} is not a checkpoint directory", details={"field": field}
         )
     return real

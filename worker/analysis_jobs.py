@@ -7,7 +7,7 @@ from typing import Any
 
 from service.db.models import Job
 from service.settings import Settings
-from service.sources import resolve_local
+from service.sources import resolve_source
 
 
 def analysis_dir(settings: Settings, job: Job) -> Path:
@@ -18,13 +18,13 @@ def run_analysis(job: Job, settings: Settings) -> dict[str, Any]:
     from worker.engine.analysis import analyze
 
     request = job.request
-    roots = settings.source_roots
+    tenant = job.tenant_id
     experts = [
-        (e["label"], resolve_local(e["path"], roots, field=f"experts[{i}].path"))
+        (e["label"], resolve_source(e["path"], settings, tenant, field=f"experts.{i}.path"))
         for i, e in enumerate(request["experts"])
     ]
     result = analyze(
-        base=resolve_local(request["base"], roots, field="base"),
+        base=resolve_source(request["base"], settings, tenant, field="base"),
         experts=experts,
         threshold=request.get("threshold"),
         task=request.get("task"),

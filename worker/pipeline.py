@@ -20,7 +20,7 @@ from service.db.session import Database
 from service.errors import ServiceError
 from service.lineage import InputLink, get_or_create_artifact, link
 from service.settings import Settings
-from service.sources import resolve_local
+from service.sources import resolve_source
 from worker.engine.errors import EngineError, MergeCanceled
 from worker.engine.progress import Progress
 
@@ -122,7 +122,6 @@ def _run_merge(job: Job, db: Database, settings: Settings, reporter: JobReporter
     from worker.engine.recipe import parse_recipe
 
     recipe = parse_recipe(job.request)
-    roots = settings.source_roots
     out_dir = jobs.output_dir(settings, job)
     _remove_leftovers(out_dir)
     options = MergeOptions(
@@ -133,7 +132,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, reporter: JobReporter
     result = merge(
         recipe,
         out_dir,
-        resolve=lambda s: resolve_local(s, roots),
+        resolve=lambda s: resolve_source(s, settings, job.tenant_id),
         options=options,
         on_progress=reporter.progress,
         should_cancel=reporter.should_cancel,
@@ -151,7 +150,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, reporter: JobReporter
             architecture=config.get("model_type"),
             num_layers=config.get("num_hidden_layers"),
         )
-        link(session, row, _input_links(session, job, manifest, roots), output)
+        link(session, row, _input_links(session, job, manifest, settings), output)
         row.status, row.finished_at, row.stage = jobs.SUCCEEDED, utcnow(), None
         row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
         row.plan_summary = manifest["layers"]
@@ -164,12 +163,12 @@ def _run_merge(job: Job, db: Database, settings: Settings, reporter: JobReporter
 
 
 def _input_links(
-    session: Any, job: Job, manifest: dict[str, Any], roots: list[Path]
+    session: Any, job: Job, manifest: dict[str, Any], settings: Settings
 ) -> list[InputLink]:
     weights = manifest["resolved_weights"]
     links = []
     for entry in manifest["inputs"]:
-        path = resolve_local(entry["source"], roots)
+        path = resolve_source(entry["source"], settings, job.tenant_id)
         config = _read_config(path)
         artifact = get_or_create_artifact(
             session,

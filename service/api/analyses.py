@@ -11,7 +11,7 @@ from service import jobs
 from service.api.deps import ContextDep, TenantDep
 from service.errors import Conflict
 from service.schemas import AnalysisCreate, JobRead, job_read
-from service.sources import resolve_local
+from service.sources import resolve_source
 from worker.analysis_jobs import analysis_dir
 
 router = APIRouter(prefix="/v1/analyses", tags=["analyses"])
@@ -23,12 +23,11 @@ def submit_analysis(
     response: Response,
     context: ContextDep,
     tenant: TenantDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobRead:
-    roots = context.settings.source_roots
-    resolve_local(body.base, roots, field="base")
+    resolve_source(body.base, context.settings, tenant, field="base")
     for i, expert in enumerate(body.experts):
-        resolve_local(expert.path, roots, field=f"experts.{i}.path")
+        resolve_source(expert.path, context.settings, tenant, field=f"experts.{i}.path")
     new = jobs.NewJob(tenant, "analysis", body.model_dump(), None, idempotency_key)
     job, created = jobs.submit(context.db, context.settings, new)
     if created:

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException
 
 from service.errors import ServiceError
@@ -25,6 +25,7 @@ from worker.engine.errors import (
 from worker.engine.recipe import METHODS, recipe_error_from
 
 log = logging.getLogger("layerswap.api")
+BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's words for an undecodable body
 
 ENGINE_STATUS: dict[type[EngineError], int] = {
     RecipeError: 422,
@@ -47,6 +48,33 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def describe_invalid(errors: list[Any]) -> tuple[str, dict[str, Any]]:
+    """One message and `details.field` from FastAPI's validation errors: the body's field
+    (dotted, as in the recipe), or the header/query/path parameter as the client spelled it."""
+    if not errors:
+        return "body: invalid request", {"field": "body"}
+    first = errors[0]
+    loc: tuple[Any, ...] = tuple(first["loc"])
+    where = str(loc[0]) if loc else "body"
+    if first["type"] == "json_invalid":
+        reason = first.get("ctx", {}).get("error") or first["msg"]
+        return f"body: not valid JSON: {reason}", {"field": "body"}
+    if where != "body":
+        field = ".".join(str(part) for part in loc[1:]) or where
+        return f"{field}: {first['msg']}", {"field": field, "in": where}
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        got = first.get("ctx", {}).get("tag")
+        return (
+            f"method: must be one of {', '.join(METHODS)} (got {got!r})",
+            {"field": "method"},
+        )
+    if len(loc) == 1:  # the body as a whole: missing, or not a JSON object
+        return f"body: {first['msg']}", {"field": "body"}
+    skip = 1 + (loc[1] in METHODS)
+    error = recipe_error_from(errors, skip=skip)
+    return error.message, error.details
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, e: ServiceError) -> JSONResponse:
@@ -58,24 +86,32 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        errors = list(e.errors())
-        loc: tuple[Any, ...] = tuple(errors[0]["loc"]) if errors else ()
-        skip = 1 + (len(loc) > 1 and loc[0] == "body" and loc[1] in METHODS)
-        error = recipe_error_from(errors, skip=skip) if errors else RecipeError("invalid request")
-        return error_response(422, "invalid_request", error.message, error.details)
+        message, details = describe_invalid(list(e.errors()))
+        return error_response(422, "invalid_request", message, details)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        if e.status_code == 400 and e.detail == BODY_PARSE_ERROR:  # e.g. not UTF-8
+            return error_response(422, "invalid_request", "body: not valid JSON", {"field": "body"})
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
         return error_response(e.status_code, code, str(e.detail))
 
-    @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
-    async def database_down(_: Request, e: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", e)
-        return error_response(
-            503, "database_unavailable", "the database is unreachable; retry shortly", retry_after=5
-        )
+    async def database_error(_: Request, e: DBAPIError) -> JSONResponse:
+        # Unreachable, or reachable but not migrated: retrying later can help. Anything else
+        # (an integrity or data error) is a bug, not an outage.
+        if isinstance(e, OperationalError | InterfaceError | ProgrammingError) or (
+            e.connection_invalidated
+        ):
+            log.warning("database unavailable: %s", e)
+            return error_response(
+                503,
+                "database_unavailable",
+                "the database is unreachable; retry shortly",
+                retry_after=5,
+            )
+        log.exception("database error")
+        return error_response(500, "internal_error", "unexpected error; see the service log")
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, e: Exception) -> JSONResponse:

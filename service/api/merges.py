@@ -7,20 +7,21 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from service import jobs
 from service.api.deps import Context, ContextDep, TenantDep
 from service.db.models import Artifact, Job
-from service.errors import ServiceError
+from service.errors import InvalidRequest
 from service.lineage import get_artifact
 from service.schemas import EventRead, FileRead, JobPage, JobRead, OutputRead, job_read
-from service.sources import resolve_local
+from service.sources import resolve_source
 from worker.engine.recipe import LayerSwapRecipe, Recipe, recipe_to_dict
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
 SSE_POLL_S = 0.5
+MAX_EVENT_ID = 2**63 - 1  # larger ids cannot be compared in SQLite (OverflowError)
 
 
 def read_job(context: Context, job: Job) -> JobRead:
@@ -36,8 +37,7 @@ def read_job(context: Context, job: Job) -> JobRead:
     return job_read(job, output)
 
 
-def check_sources(recipe: Recipe, context: Context) -> None:
-    roots = context.settings.source_roots
+def check_sources(recipe: Recipe, context: Context, tenant: str) -> None:
     named: list[tuple[str, str]] = []
     if isinstance(recipe, LayerSwapRecipe):
         named += [(f"experts.task.{i}", s) for i, s in enumerate(recipe.experts.task)]
@@ -47,19 +47,30 @@ def check_sources(recipe: Recipe, context: Context) -> None:
     if recipe.base is not None:
         named.append(("base", recipe.base))
     for field, source in named:
-        resolve_local(source, roots, field=field)
+        resolve_source(source, context.settings, tenant, field=field)
+
+
+# The README's first request: a layer swap of the example checkpoints (`layerswap examples`).
+EXAMPLE_REQUEST = {
+    "method": "layer_swap",
+    "experts": {"task": ["examples/math"], "language": ["examples/swh"]},
+    "params": {"bottom": 1, "top": 1},
+}
 
 
 @router.post("", status_code=202, response_model=JobRead)
 def submit_merge(
-    recipe: Recipe,
+    recipe: Annotated[
+        Recipe,
+        Body(openapi_examples={"layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST}}),
+    ],
     response: Response,
     context: ContextDep,
     tenant: TenantDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobRead:
     """Queue a merge. The body is the recipe schema of `layerswap merge`."""
-    check_sources(recipe, context)
+    check_sources(recipe, context, tenant)
     new = jobs.NewJob(tenant, "merge", recipe_to_dict(recipe), recipe.output.name, idempotency_key)
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
@@ -80,7 +91,10 @@ def list_merges(
 ) -> JobPage:
     """Newest first; filter by status or by an input or output artifact; cursor pagination."""
     if input_artifact and output_artifact:
-        raise ServiceError("give input_artifact or output_artifact, not both")
+        raise InvalidRequest(
+            "give input_artifact or output_artifact, not both",
+            details={"field": "output_artifact"},
+        )
     artifact = (
         ("input", input_artifact)
         if input_artifact
@@ -122,8 +136,8 @@ def merge_events(
     request: Request,
     context: ContextDep,
     tenant: TenantDep,
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    last_event_id: Annotated[int | None, Header(ge=0, le=MAX_EVENT_ID)] = None,
+    after: Annotated[int, Query(ge=0, le=MAX_EVENT_ID)] = 0,
 ) -> list[EventRead] | StreamingResponse:
     """The job's event log; as Server-Sent Events for `Accept: text/event-stream`."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
@@ -141,6 +155,9 @@ async def _event_stream(
     context: Context, tenant: str, job_id: str, after: int, request: Request
 ) -> AsyncIterator[str]:
     while not await request.is_disconnected():
+        # The status first: a terminal status is committed with its event, so the events read
+        # next include it, and the stream can end right after sending them.
+        job = await asyncio.to_thread(jobs.get, context.db, tenant=tenant, job_id=job_id)
         found = await asyncio.to_thread(
             jobs.events, context.db, tenant=tenant, job_id=job_id, after=after
         )
@@ -150,7 +167,6 @@ async def _event_stream(
                 {"type": event.type, **event.data, "created_at": event.created_at.isoformat()}
             )
             yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
-        job = await asyncio.to_thread(jobs.get, context.db, tenant=tenant, job_id=job_id)
-        if job.status in jobs.TERMINAL and not found:
+        if job.status in jobs.TERMINAL:
             return
         await asyncio.sleep(SSE_POLL_S)

@@ -59,7 +59,7 @@ def healthz() -> dict[str, str]:
 def readyz(context: ContextDep) -> dict[str, str] | Response:
     try:
         with context.db.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+            connection.execute(text("SELECT version_num FROM alembic_version"))  # migrated?
     except Exception:
         return error_response(
             503, "database_unavailable", "the database is unreachable", retry_after=5

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, text
 from service.app import create_app
 from service.db.migrate import upgrade
 from service.db.session import Database
+from service.jobs import Executor
 from service.settings import Settings
 
 POSTGRES_ADMIN = os.environ.get(
@@ -105,14 +106,23 @@ def make_settings(root: Path, url: str, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def running_service(root: Path, url: str, examples: Path, **overrides: Any) -> Iterator[Service]:
+def running_service(
+    root: Path,
+    url: str,
+    examples: Path,
+    *,
+    job_executor: Executor | None = None,
+    **overrides: Any,
+) -> Iterator[Service]:
+    """The app on `url`; `job_executor` replaces the local executor (e.g. one that never
+    runs jobs, so they stay queued)."""
     settings = make_settings(root, url, **overrides)
     checkpoints = settings.source_roots[0]
     for name in ("base", "math", "swh"):
         if not (checkpoints / name).exists():
             shutil.copytree(examples / name, checkpoints / name)
     upgrade(settings.database)
-    app = create_app(settings)
+    app = create_app(settings, executor=job_executor)
     with TestClient(app) as client:
         yield Service(client, settings, app.state.context.db, checkpoints)
 
