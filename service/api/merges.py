@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from service import jobs
 from service.api.deps import Context, ContextDep, TenantDep
-from service.db.models import Artifact, Job
+from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.lineage import get_artifact
 from service.schemas import EventRead, FileRead, JobPage, JobRead, OutputRead, job_read
@@ -163,9 +163,8 @@ async def _event_stream(
         )
         for event in found:
             after = event.id
-            data = json.dumps(
-                {"type": event.type, **event.data, "created_at": event.created_at.isoformat()}
-            )
+            created = as_utc(event.created_at).isoformat()
+            data = json.dumps({"type": event.type, **event.data, "created_at": created})
             yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
         if job.status in jobs.TERMINAL:
             return
