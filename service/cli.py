@@ -83,7 +83,7 @@ def merge(
 ) -> None:
     """Merge the checkpoints named in RECIPE_FILE (YAML) into --out."""
     with engine_errors():
-        from worker.engine.merge import MergeOptions, check_output
+        from worker.engine.merge import MergeOptions
         from worker.engine.merge import merge as run_merge
         from worker.engine.planner import make_plan
 
@@ -94,7 +94,6 @@ def merge(
             plan.close()
             click.echo(plan.table())
             return
-        check_output(out_dir, overwrite=overwrite)
         options = MergeOptions(
             device=device, durable=not no_fsync, overwrite=overwrite, hash_cache=hash_cache_dir()
         )

@@ -24,7 +24,7 @@ import torch
 from worker.engine.analysis_result import AnalysisResult, ExpertDelta, SwapSuggestion
 from worker.engine.checkpoint import Checkpoint, layer_index
 from worker.engine.errors import IncompatibleCheckpointsError, RecipeError
-from worker.engine.safetensors_format import TensorInfo
+from worker.engine.safetensors_format import FLOAT_DTYPES, TensorInfo
 from worker.engine.tensor_io import iter_row_chunks, read_elements
 
 __all__ = [
@@ -59,7 +59,7 @@ KNOWN_KINDS: dict[str, str] = {
     "o_proj.bias": "o_bias",
 }  # fmt: skip
 _KIND_ORDER = {kind: i for i, kind in enumerate(KNOWN_KINDS.values())}
-_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+_FLOAT_DTYPES = FLOAT_DTYPES | {"F8_E4M3", "F8_E5M2"}  # analysed, though never averaged
 
 
 def param_kind(tensor_name: str) -> str:

@@ -106,9 +106,6 @@ class Checkpoint:
                 f"{min(found)}..{max(found)} ({len(found)} distinct)",
             )
 
-    def side_files(self, names: tuple[str, ...]) -> list[Path]:
-        return [self.path / n for n in names if (self.path / n).is_file()]
-
     def fd(self, file: Path) -> int:
         """A cached read-only descriptor for one of this checkpoint's weight files."""
         if file not in self._fds:
