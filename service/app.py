@@ -11,22 +11,32 @@ from service.api import analyses, artifacts, errors, merges, meta
 from service.api.deps import Context
 from service.db.session import Database
 from service.jobs import Executor
+from service.reconciler import Reconciler
 from service.settings import Settings
+
+
+def make_executor(db: Database, settings: Settings) -> Executor:
+    from worker.executors import CeleryExecutor, LocalExecutor
+
+    if settings.executor == "celery":
+        return CeleryExecutor(settings)
+    return LocalExecutor(db, settings)
 
 
 def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
     """The schema must already be migrated (`layerswap db upgrade`; `serve` does it)."""
     db = Database(settings.database)
     if executor is None:
-        from worker.executors import LocalExecutor
-
-        executor = LocalExecutor(db, settings)
+        executor = make_executor(db, settings)
     context = Context(settings=settings, db=db, executor=executor)
+    reconciler = Reconciler(db, settings, executor)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         context.executor.start()
+        reconciler.start()
         yield
+        reconciler.stop()
         context.executor.stop()
         db.dispose()
 

@@ -1,4 +1,4 @@
-"""The `layerswap` command line: merge, analyze, examples (and, later, serve and worker).
+"""The `layerswap` command line: merge, analyze, examples, serve, worker, keys, db.
 
 Heavy modules (torch, the engine) are imported inside commands so `--help` stays instant.
 """
@@ -221,6 +221,49 @@ def serve(host: str | None, port: int | None) -> None:
         f"(database {settings.database.split('@')[-1]}, executor {settings.executor})"
     )
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+@cli.command()
+@click.option(
+    "--queues",
+    default="merge,eval",
+    show_default=True,
+    help="Comma-separated queues to take jobs from (merge, eval).",
+)
+@click.option("--hostname", help="Worker name shown in flower (default: celery@<host>).")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(queues: str, hostname: str | None, loglevel: str) -> None:
+    """Run a Celery worker: one job at a time, in this process (no fork: CUDA does not survive
+    one). Configuration comes from the same LAYERSWAP_* variables as `serve`."""
+    from worker.celery_app import QUEUES, make_celery, register_task
+
+    chosen = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = sorted(set(chosen) - set(QUEUES))
+    if unknown or not chosen:
+        click.echo(
+            f"layerswap: error [invalid_queues]: {', '.join(unknown) or 'none given'}: "
+            f"queues are {', '.join(QUEUES)}",
+            err=True,
+        )
+        sys.exit(2)
+    settings = load_settings()
+    app = make_celery(settings)
+    register_task(app, settings)
+    argv = [
+        "worker",
+        # solo: the task runs in the worker's own process, one at a time. The prefork pool would
+        # fork children after import (CUDA cannot be used across fork) and run several merges
+        # at once, each wanting the whole GPU. Scale out with more worker processes instead.
+        "--pool=solo",
+        "--concurrency=1",
+        f"--queues={','.join(chosen)}",
+        f"--loglevel={loglevel}",
+        "--without-gossip",  # nothing here uses worker-to-worker chatter; it costs a connection
+        "--without-mingle",
+    ]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    app.worker_main(argv)
 
 
 def load_settings(**overrides: Any) -> Any:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
+from service.db.models import Job, JobEvent, LineageEdge, Tenant, as_utc, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from service.settings import Settings
@@ -27,13 +27,19 @@ from service.settings import Settings
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
 SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
+ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
 
 
 class Executor(Protocol):
-    """Runs jobs somewhere: in this process (local) or on Celery workers."""
+    """Runs jobs somewhere: in this process (local) or on Celery workers. Delivery may be lost
+    or duplicated; the job row decides what runs (see claim) and the reconciler re-delivers."""
 
-    def dispatch(self, job_id: str) -> None: ...
+    def dispatch(self, job_id: str, kind: str) -> None: ...
+
+    def pending(self) -> set[str]:
+        """Ids of jobs whose delivery is still waiting (raises when that cannot be known)."""
+        ...
 
     def start(self) -> None: ...
 
@@ -215,8 +221,9 @@ def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
         return job
 
 
-def claim(db: Database, job_id: str) -> bool:
-    """Compare-and-set queued -> running (attempt + 1). False if anyone else has it."""
+def claim(db: Database, job_id: str) -> int | None:
+    """Compare-and-set queued -> running; the new attempt number, or None if this delivery
+    lost (the job is running elsewhere, finished, canceled, or unknown)."""
     with db.session() as session:
         now = utcnow()
         result: Any = session.execute(
@@ -230,12 +237,12 @@ def claim(db: Database, job_id: str) -> bool:
                 stage="planning",
             )
         )
-        claimed = int(result.rowcount)
-        if claimed == 1:
-            job = session.get(Job, job_id)
-            assert job is not None
-            add_event(session, job_id, RUNNING, attempt=job.attempts)
-        return claimed == 1
+        if int(result.rowcount) != 1:
+            return None
+        job = session.get(Job, job_id)
+        assert job is not None
+        add_event(session, job_id, RUNNING, attempt=job.attempts)
+        return job.attempts
 
 
 def events(db: Database, *, tenant: str, job_id: str, after: int = 0) -> list[JobEvent]:
@@ -250,24 +257,64 @@ def events(db: Database, *, tenant: str, job_id: str, after: int = 0) -> list[Jo
         )
 
 
-def requeue_interrupted(db: Database) -> list[str]:
-    """At start-up: jobs left running by a dead process go back to the queue (or fail when
-    out of attempts); return every queued job id, oldest first."""
+def requeue_interrupted(db: Database) -> list[tuple[str, str]]:
+    """At start-up of the in-process executor: jobs left running by a dead process go back to
+    the queue (or fail when out of attempts); return every queued (id, kind), oldest first."""
     with db.session() as session:
-        for job in session.scalars(select(Job).where(Job.status.in_([RUNNING, CANCELING]))):
-            if job.status == CANCELING:
-                job.status, job.finished_at = CANCELED, utcnow()
-                add_event(session, job.id, CANCELED, reason="process stopped while canceling")
-            elif job.attempts >= job.max_attempts:
-                job.status, job.finished_at = FAILED, utcnow()
-                job.error = {
-                    "code": "attempts_exhausted",
-                    "message": f"interrupted {job.attempts} times; giving up",
-                }
-                add_event(session, job.id, FAILED, **job.error)
-            else:
-                job.status, job.stage = QUEUED, None
-                add_event(session, job.id, QUEUED, reason="resumed after a restart")
-        return list(
-            session.scalars(select(Job.id).where(Job.status == QUEUED).order_by(Job.created_at))
-        )
+        for job in session.scalars(select(Job).where(Job.status.in_(ACTIVE))):
+            _give_back(session, job, "the process running it stopped")
+    return queued(db)
+
+
+def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
+    """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
+    them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
+
+    Each row is taken with a compare-and-set on its heartbeat, so reconcilers running in
+    several processes, or a worker that beats at the last moment, never double a job."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    requeued = []
+    with db.session() as session:
+        stale = session.scalars(
+            select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
+        ).all()
+    for job in stale:
+        with db.session() as session:
+            row = session.scalars(
+                select(Job)
+                .where(Job.id == job.id, Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if row is None:
+                continue  # it beat, finished, or another reconciler has it
+            silent = (utcnow() - (as_utc(row.heartbeat_at) or cutoff)).total_seconds()
+            if _give_back(session, row, f"no heartbeat for {silent:.0f} s") == QUEUED:
+                requeued.append((row.id, row.kind))
+    return requeued
+
+
+def _give_back(session: Session, job: Job, why: str) -> str:
+    """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued."""
+    if job.status == CANCELING:
+        job.status, job.finished_at, job.stage = CANCELED, utcnow(), None
+        add_event(session, job.id, CANCELED, reason=f"{why} while canceling")
+    elif job.attempts >= job.max_attempts:
+        job.status, job.finished_at, job.stage = FAILED, utcnow(), None
+        job.error = {
+            "code": "attempts_exhausted",
+            "message": f"attempt {job.attempts} of {job.max_attempts} was lost ({why}); giving up",
+        }
+        add_event(session, job.id, FAILED, **job.error)
+    else:
+        job.status, job.stage = QUEUED, None
+        add_event(session, job.id, QUEUED, reason=f"re-queued: {why}", attempt=job.attempts)
+    return job.status
+
+
+def queued(db: Database, *, created_before: datetime | None = None) -> list[tuple[str, str]]:
+    """(id, kind) of queued jobs, oldest first."""
+    query = select(Job.id, Job.kind).where(Job.status == QUEUED)
+    if created_before is not None:
+        query = query.where(Job.created_at < created_before)
+    with db.session() as session:
+        return [(row.id, row.kind) for row in session.execute(query.order_by(Job.created_at))]

@@ -32,12 +32,36 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
     merge_device: str = "cpu"
+    broker_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="Redis for the celery executor (jobs ids only)"
+    )
+    heartbeat_interval_s: float = Field(
+        2.0, gt=0, description="how often a running job proves it is alive (and sees a cancel)"
+    )
+    stale_after_s: float = Field(
+        30.0, gt=0, description="a running job silent this long is presumed dead and re-queued"
+    )
+    reconcile_interval_s: float = Field(
+        5.0, gt=0, description="how often the service looks for lost messages and dead jobs"
+    )
+    db_retry_s: float = Field(
+        60.0, ge=0, description="how long a job keeps retrying its final write to the database"
+    )
 
     @model_validator(mode="after")
     def _safe_binding(self) -> Self:
         if not self.auth and not _is_loopback(self.host):
             raise ValueError(
                 f"refusing to listen on {self.host} without authentication: set LAYERSWAP_AUTH=true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _heartbeat_fits(self) -> Self:
+        if self.stale_after_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                "stale_after_s must be more than twice heartbeat_interval_s, or live jobs "
+                "would be taken for dead"
             )
         return self
 

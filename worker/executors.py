@@ -1,10 +1,12 @@
-"""Executors deliver job ids to run_job. `local` runs them on a thread of this process."""
+"""Executors deliver job ids to run_job: `local` on a thread of this process, `celery` through
+Redis to worker processes (`layerswap worker`)."""
 
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import uuid
 
 from service import jobs
 from service.db.session import Database
@@ -21,14 +23,21 @@ class LocalExecutor:
         self.db, self.settings = db, settings
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="layerswap-jobs", daemon=True)
+        self._current: str | None = None
 
     def start(self) -> None:
         self._thread.start()
-        for job_id in jobs.requeue_interrupted(self.db):
-            self.dispatch(job_id)
+        for job_id, kind in jobs.requeue_interrupted(self.db):
+            self.dispatch(job_id, kind)
 
-    def dispatch(self, job_id: str) -> None:
+    def dispatch(self, job_id: str, kind: str) -> None:
         self._queue.put(job_id)
+
+    def pending(self) -> set[str]:
+        with self._queue.mutex:
+            waiting = {job_id for job_id in self._queue.queue if job_id is not None}
+        current = self._current
+        return waiting | ({current} if current else set())
 
     def stop(self) -> None:
         # A running merge is not waited for: its job is resumed on the next start.
@@ -39,10 +48,63 @@ class LocalExecutor:
 
     def _loop(self) -> None:
         while (job_id := self._queue.get()) is not None:
+            self._current = job_id
             try:
                 run_job(job_id, db=self.db, settings=self.settings)
             except Exception:  # the database went away mid-job, say: keep serving
                 log.exception("job %s could not be run", job_id)
             finally:
+                self._current = None
                 self._queue.task_done()
         self._queue.task_done()
+
+
+class CeleryExecutor:
+    """Publishes job ids to Redis from a thread of its own, so a submit never waits on the
+    broker: a job whose message cannot be sent (Redis down) stays queued in the database and the
+    reconciler sends it again once Redis answers."""
+
+    def __init__(self, settings: Settings) -> None:
+        from worker.celery_app import make_celery
+
+        self.app = make_celery(settings)
+        self._outbox: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._publish_loop, name="layerswap-publish")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._outbox.put(None)
+        self._thread.join(timeout=10)
+
+    def dispatch(self, job_id: str, kind: str) -> None:
+        self._outbox.put((job_id, kind))
+
+    def pending(self) -> set[str]:
+        from worker.celery_app import waiting_job_ids
+
+        with self._outbox.mutex:
+            unsent = {item[0] for item in self._outbox.queue if item is not None}
+        return unsent | waiting_job_ids(self.app)
+
+    def _publish_loop(self) -> None:
+        from worker.celery_app import TASK_NAME, queue_for
+
+        while (item := self._outbox.get()) is not None:
+            job_id, kind = item
+            try:
+                self.app.send_task(
+                    TASK_NAME,
+                    args=[job_id],
+                    queue=queue_for(kind),
+                    task_id=f"{job_id}.{uuid.uuid4().hex[:8]}",
+                    retry=False,
+                )
+            except Exception as e:  # kombu/redis connection errors, whatever the transport
+                log.warning(
+                    "job %s: broker unreachable (%s); it stays queued and is re-sent by the "
+                    "reconciler",
+                    job_id,
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                )

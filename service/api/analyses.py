@@ -31,7 +31,7 @@ def submit_analysis(
     new = jobs.NewJob(tenant, "analysis", body.model_dump(), None, idempotency_key)
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
-        context.executor.dispatch(job.id)
+        context.executor.dispatch(job.id, job.kind)
     response.headers["Location"] = f"/v1/analyses/{job.id}"
     return job_read(job)
 

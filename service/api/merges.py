@@ -74,7 +74,7 @@ def submit_merge(
     new = jobs.NewJob(tenant, "merge", recipe_to_dict(recipe), recipe.output.name, idempotency_key)
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
-        context.executor.dispatch(job.id)
+        context.executor.dispatch(job.id, job.kind)
     response.headers["Location"] = f"/v1/merges/{job.id}"
     return read_job(context, job)
 

@@ -32,8 +32,11 @@ class HeldExecutor:
     def start(self) -> None:
         pass
 
-    def dispatch(self, job_id: str) -> None:
+    def dispatch(self, job_id: str, kind: str) -> None:
         self.dispatched.append(job_id)
+
+    def pending(self) -> set[str]:
+        return set(self.dispatched)  # held, never lost: the reconciler leaves them be
 
     def stop(self) -> None:
         pass
@@ -285,7 +288,8 @@ def test_jobs_left_running_by_a_dead_process_are_resumed(
                 .where(Job.id == winding_down)
                 .values(attempts=1, cancel_requested=True, **{**values, "status": "canceling"})
             )
-        stale = output_dir(first, orphan).parent / f".{output_dir(first, orphan).name}.staging-0"
+        name = output_dir(first, orphan).name
+        stale = output_dir(first, orphan).parent / f".{name}.staging-{orphan['id']}-a1-0123abcd"
         stale.mkdir(parents=True)
         (stale / "model-00001-of-00002.safetensors").write_bytes(b"half a shard")
 

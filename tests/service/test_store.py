@@ -145,7 +145,7 @@ def test_concurrent_claims_have_exactly_one_winner(pg_store: tuple[Database, Set
     def contend() -> None:
         try:
             barrier.wait(timeout=30)
-            won = jobs.claim(db, job_id)
+            won = jobs.claim(db, job_id) is not None
             with lock:
                 results.append(won)
         except BaseException as e:  # surfaced below, not lost in the thread
@@ -291,7 +291,7 @@ def test_requeue_interrupted(store: tuple[Database, Settings]) -> None:
     assert jobs.request_cancel(db, tenant=TENANT, job_id=canceling).status == jobs.CANCELING
     set_state(db, finished, status=jobs.SUCCEEDED, attempts=1)
 
-    assert jobs.requeue_interrupted(db) == [waiting, interrupted]  # oldest first
+    assert jobs.requeue_interrupted(db) == [(waiting, "merge"), (interrupted, "merge")]  # oldest first
 
     job = job_row(db, interrupted)
     assert (job.status, job.attempts, job.stage) == (jobs.QUEUED, 1, None)
@@ -315,7 +315,7 @@ def test_requeue_interrupted(store: tuple[Database, Settings]) -> None:
     assert jobs.claim(db, interrupted)
     assert job_row(db, interrupted).attempts == 2
     # Interrupted again: requeued again, its attempts kept; settled jobs stay as they are.
-    assert jobs.requeue_interrupted(db) == [waiting, interrupted]
+    assert jobs.requeue_interrupted(db) == [(waiting, "merge"), (interrupted, "merge")]
     assert job_row(db, interrupted).attempts == 2
     assert job_row(db, exhausted).status == jobs.FAILED
     assert job_row(db, canceling).status == jobs.CANCELED

@@ -36,6 +36,9 @@ class MergeOptions:
     hash_cache: Path | None = None  # remembers input sha256s across runs
     overwrite: bool = False
     drain_tick_s: float = 0.5  # progress and cancellation while the last writes drain
+    # Names this attempt's staging directory, so a retry can tell its own leftovers apart.
+    staging_tag: str = ""
+    job: dict[str, Any] | None = None  # recorded in the manifest: which job made the output
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def execute(
     device = resolve_device(options.device)
     started = time.monotonic()
     out_dir = out_dir.absolute()
-    staging = out_dir.parent / f".{out_dir.name}.staging-{uuid.uuid4().hex[:12]}"
+    tag = f"{options.staging_tag}-" if options.staging_tag else ""
+    staging = out_dir.parent / f".{out_dir.name}.staging-{tag}{uuid.uuid4().hex[:12]}"
     try:
         staging.mkdir(parents=True)
     except OSError as e:
@@ -106,7 +110,7 @@ def execute(
                 started=started,
             )
             files.update(_write_side_files(plan, staging, recipe.output.dtype))
-            manifest = _manifest(plan, recipe, inputs, files)
+            manifest = _manifest(plan, recipe, inputs, files, options.job)
             files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
         except BaseException:
@@ -197,9 +201,11 @@ def _manifest(
     recipe: Recipe,
     inputs: Future[list[dict[str, Any]]],
     files: dict[str, str],
+    job: dict[str, Any] | None,
 ) -> dict[str, Any]:
     return {
         "layerswap_engine": ENGINE_VERSION,
+        **({"job": job} if job else {}),
         "recipe": recipe_to_dict(recipe),
         "inputs": inputs.result(),
         "resolved_weights": plan.resolved_weights,

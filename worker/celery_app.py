@@ -1,0 +1,106 @@
+"""The Celery side of the `celery` executor: one task, `run_job(job_id)`, on queues by job kind.
+
+A message carries only the job id: recipes, paths and credentials stay in PostgreSQL, which
+decides what runs (compare-and-set claim). The broker only delivers, and may lose or repeat a
+delivery; the service's reconciler re-dispatches what was lost, and duplicates do nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from celery import Celery
+
+from service.settings import Settings
+
+log = logging.getLogger("layerswap.celery")
+
+TASK_NAME = "layerswap.run_job"
+QUEUES = ("merge", "eval")
+QUEUE_FOR_KIND = {"merge": "merge", "analysis": "merge", "eval": "eval"}
+
+# Longer than any merge should take. Redis has no acks: a delivered, unacknowledged message is
+# handed out again once this expires, *while its task may still be running* (the classic
+# Celery-on-Redis pitfall with long tasks). The claim makes such a redelivery harmless, and
+# dead workers are found much sooner by the reconciler's heartbeat check, so this is a backstop.
+VISIBILITY_TIMEOUT_S = 12 * 3600
+
+
+def queue_for(kind: str) -> str:
+    return QUEUE_FOR_KIND.get(kind, "merge")
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("layerswap", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        # Acknowledge after the job, not on receipt: with late acks the running job's message
+        # counts against the prefetch limit below, so a worker never holds a second job...
+        task_acks_late=True,
+        # ...and with a prefetch of one, a worker busy with a multi-minute merge holds no queued
+        # job hostage that an idle worker could start now.
+        worker_prefetch_multiplier=1,
+        task_reject_on_worker_lost=True,
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            # A submit must not hang on a dead broker: the job is in the database already,
+            # and the reconciler dispatches it when Redis is back.
+            "socket_connect_timeout": 2,
+            "socket_timeout": 10,
+            "retry_on_timeout": True,
+        },
+        # Job state lives in the database: no result backend, nothing to expire or clean.
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue="merge",
+        # A broker blip must not abort a merge whose progress is safe in the database.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a worker waits for Redis, however long
+        worker_send_task_events=True,  # for flower
+        task_send_sent_event=True,
+    )
+    return app
+
+
+def register_task(app: Celery, settings: Settings) -> None:
+    """The worker's task: the same run_job the in-process executor calls."""
+    from service.db.session import Database
+    from worker.pipeline import run_job
+
+    database: list[Database] = []  # opened on first use, in the process that runs tasks
+
+    @app.task(name=TASK_NAME, ignore_result=True)  # type: ignore[untyped-decorator]
+    def run(job_id: str) -> None:
+        if not database:
+            database.append(Database(settings.database))
+        run_job(job_id, db=database[0], settings=settings)
+
+
+def waiting_job_ids(app: Celery) -> set[str]:
+    """Job ids of every message Redis holds: waiting in a queue or delivered and unacknowledged.
+    Raises (kombu/redis errors) when the broker cannot be reached."""
+    ids: set[str] = set()
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        keys = [
+            channel._q_for_pri(queue, pri) for queue in QUEUES for pri in channel.priority_steps
+        ]
+        with channel.conn_or_acquire() as client:
+            for key in dict.fromkeys(keys):
+                ids.update(_job_id(raw) for raw in client.lrange(key, 0, -1))
+            for raw in client.hvals(channel.unacked_key):  # [message, exchange, routing key]
+                ids.add(_job_id(json.dumps(json.loads(raw)[0])))
+    ids.discard("")
+    return ids
+
+
+def _job_id(raw: bytes | str) -> str:
+    """Our task ids are `<job id>.<nonce>`; anything else in the queue is not ours."""
+    try:
+        task_id = str(json.loads(raw)["headers"]["id"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return task_id.split(".", 1)[0]
