@@ -167,3 +167,13 @@ def run_merge(tmp_path: Path) -> Merge:
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/, math/ and swh/ (a 6-layer Llama family) plus recipe files."""
+    from worker.examples import make_examples
+
+    root = tmp_path_factory.mktemp("examples")
+    make_examples(root)
+    return root

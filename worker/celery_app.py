@@ -80,8 +80,12 @@ def register_task(app: Celery, settings: Settings) -> None:
 
 
 def waiting_job_ids(app: Celery) -> set[str]:
-    """Job ids of every message Redis holds: waiting in a queue or delivered and unacknowledged.
-    Raises (kombu/redis errors) when the broker cannot be reached."""
+    """Job ids of the messages waiting in Redis's queues. Raises (kombu/redis errors) when the
+    broker cannot be reached.
+
+    Delivered, unacknowledged messages are not counted: their job is running (claimed on
+    delivery) or their worker died before claiming, in which case the job, still queued, must
+    be sent again rather than wait out the visibility timeout."""
     ids: set[str] = set()
     with app.connection_for_read() as connection:
         channel: Any = connection.default_channel
@@ -91,8 +95,6 @@ def waiting_job_ids(app: Celery) -> set[str]:
         with channel.conn_or_acquire() as client:
             for key in dict.fromkeys(keys):
                 ids.update(_job_id(raw) for raw in client.lrange(key, 0, -1))
-            for raw in client.hvals(channel.unacked_key):  # [message, exchange, routing key]
-                ids.add(_job_id(json.dumps(json.loads(raw)[0])))
     ids.discard("")
     return ids
 

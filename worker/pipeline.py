@@ -26,7 +26,7 @@ from service.errors import ServiceError
 from service.lineage import InputLink, get_or_create_artifact, link
 from service.settings import Settings
 from service.sources import resolve_source
-from worker.engine.errors import EngineError, MergeCanceled
+from worker.engine.errors import EngineError, MergeCanceled, OutputError
 from worker.engine.progress import Progress
 
 log = logging.getLogger("layerswap.pipeline")
@@ -223,14 +223,21 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
             staging_tag=f"{job.id}-a{lease.attempt}",
             job={"id": job.id, "attempt": lease.attempt},
         )
-        result = merge(
-            recipe,
-            out_dir,
-            resolve=lambda s: resolve_source(s, settings, job.tenant_id),
-            options=options,
-            on_progress=lease.progress,
-            should_cancel=lease.should_cancel,
-        )
+        try:
+            result = merge(
+                recipe,
+                out_dir,
+                resolve=lambda s: resolve_source(s, settings, job.tenant_id),
+                options=options,
+                on_progress=lease.progress,
+                should_cancel=lease.should_cancel,
+            )
+        except OutputError:
+            # An attempt presumed dead (but only cut off) published this job's output while
+            # this one merged: the same bytes, already in place.
+            result = _published_by_earlier_attempt(out_dir, job.id)
+            if result is None:
+                raise
     else:
         log.info("job %s: adopting the output attempt %s published", job.id, lease.attempt - 1)
 

@@ -29,21 +29,12 @@ POSTGRES_ADMIN = os.environ.get(
 TERMINAL = {"succeeded", "failed", "canceled"}
 
 
-@pytest.fixture(scope="session")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """base/, math/ and swh/ (a 6-layer Llama family) plus recipe files."""
-    from worker.examples import make_examples
-
-    root = tmp_path_factory.mktemp("examples")
-    make_examples(root)
-    return root
-
-
 @contextmanager
 def postgres_database() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     name = f"layerswap_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT")
+    # pre-ping: a test may have restarted PostgreSQL since the CREATE.
+    admin = create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
@@ -96,13 +87,15 @@ def make_settings(root: Path, url: str, **overrides: Any) -> Settings:
     data = root / "data"
     checkpoints = data / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    return Settings(
-        data_dir=data,
-        database_url=url,
-        allowed_roots=[checkpoints, data / "artifacts"],
-        progress_interval_s=0.05,
-        **overrides,
-    )
+    values: dict[str, Any] = {
+        "data_dir": data,
+        "database_url": url,
+        "allowed_roots": [checkpoints, data / "artifacts"],
+        "progress_interval_s": 0.05,
+        "heartbeat_interval_s": 0.1,  # cancels are seen within a tenth of a second
+        "reconcile_interval_s": 0.25,
+    }
+    return Settings(**{**values, **overrides})
 
 
 @contextmanager

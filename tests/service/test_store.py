@@ -291,7 +291,10 @@ def test_requeue_interrupted(store: tuple[Database, Settings]) -> None:
     assert jobs.request_cancel(db, tenant=TENANT, job_id=canceling).status == jobs.CANCELING
     set_state(db, finished, status=jobs.SUCCEEDED, attempts=1)
 
-    assert jobs.requeue_interrupted(db) == [(waiting, "merge"), (interrupted, "merge")]  # oldest first
+    assert jobs.requeue_interrupted(db) == [
+        (waiting, "merge"),
+        (interrupted, "merge"),
+    ]  # oldest first
 
     job = job_row(db, interrupted)
     assert (job.status, job.attempts, job.stage) == (jobs.QUEUED, 1, None)

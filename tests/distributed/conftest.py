@@ -1,0 +1,252 @@
+"""The distributed deployment, for real: the API with the celery executor, a private Redis
+server, PostgreSQL, and `layerswap worker` processes started (and killed) by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import create_engine, select, text
+
+from service.db.models import Job, JobEvent
+from tests.service.conftest import Service, postgres_database, running_service
+
+LAYERSWAP = Path(sys.executable).parent / "layerswap"
+# Short enough that recovery takes seconds, long enough that a loaded machine's live worker
+# (heartbeating every 0.2 s from its own thread) is never taken for dead.
+TIMINGS = {
+    "heartbeat_interval_s": 0.2,
+    "stale_after_s": 3.0,
+    "reconcile_interval_s": 0.25,
+    "progress_interval_s": 0.05,
+    "db_retry_s": 30.0,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+class RedisServer:
+    """A private redis-server (no persistence, like the machine's own): stop() loses every
+    message it held, as a real Redis restart without AOF does."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.port = directory, free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_connect_timeout=2, socket_timeout=5)
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(self._answers, f"redis on port {self.port}", timeout=20)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=20)
+            self.process = None
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+
+class Worker:
+    """A `layerswap worker` process, its output in a log file."""
+
+    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
+        self.name, self.log = name, log
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(LAYERSWAP), "worker", "--queues", "merge,eval", "--hostname", f"{name}@test"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        def ready() -> bool:
+            assert self.process.poll() is None, f"worker {self.name} exited:\n{self.text()}"
+            return " ready." in self.text()
+
+        wait_for(ready, f"worker {self.name} to start", timeout=60)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acknowledgement, staging files left where they are."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=20)
+
+
+@dataclass
+class Cluster:
+    service: Service
+    redis: RedisServer
+    env: dict[str, str]
+    logs: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    def start_worker(self, name: str | None = None, **env: str) -> Worker:
+        name = name or f"w{len(self.workers) + 1}"
+        worker = Worker(name, {**self.env, **env}, self.logs / f"{name}.log")
+        self.workers.append(worker)
+        worker.wait_ready()
+        return worker
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.service.client.get(f"/v1/merges/{job_id}").json())
+
+    def wait_until(
+        self, job_id: str, condition: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        def met() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            return job if condition(job) else None
+
+        return dict(wait_for(met, f"job {job_id}"))
+
+    def event_types(self, job_id: str) -> list[str]:
+        with self.service.db.session() as session:
+            return list(
+                session.scalars(
+                    select(JobEvent.type).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+                )
+            )
+
+    def statuses(self) -> dict[str, str]:
+        with self.service.db.session() as session:
+            return {job.id: job.status for job in session.scalars(select(Job))}
+
+
+def worker_env(settings: Any, broker_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
+    env.update(
+        LAYERSWAP_DATA_DIR=str(settings.data_dir),
+        LAYERSWAP_DATABASE_URL=settings.database,
+        LAYERSWAP_ALLOWED_ROOTS=json.dumps([str(p) for p in settings.allowed_roots]),
+        LAYERSWAP_EXECUTOR="celery",
+        LAYERSWAP_BROKER_URL=broker_url,
+        **{f"LAYERSWAP_{k.upper()}": str(v) for k, v in TIMINGS.items()},
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def big_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/math/swh large enough (≈250 MB each, float32) that a TIES merge takes seconds:
+    time for a worker to be killed, or a database restarted, in the middle of it."""
+    import torch
+
+    from worker.examples import make_checkpoint
+
+    root = tmp_path_factory.mktemp("big")
+    size = {"layers": 6, "hidden": 768, "intermediate": 3072, "vocab": 8192, "heads": 8}
+    base = make_checkpoint(root / "base", kv_heads=4, dtype=torch.float32, **size)
+    make_checkpoint(root / "math", base=base, seed=1, dtype=torch.float32)
+    make_checkpoint(root / "swh", base=base, seed=2, dtype=torch.float32)
+    return root
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluster]:
+    """API (celery executor) + private Redis + a fresh PostgreSQL database; no worker yet."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    try:
+        with postgres_database() as url:
+            # Commits without waiting for the WAL flush: the merges' own fsyncs saturate this
+            # machine's disk, and a heartbeat stuck behind them would look like a dead worker.
+            admin = create_engine(url, isolation_level="AUTOCOMMIT")
+            with admin.connect() as connection:
+                name = url.rsplit("/", 1)[1]
+                connection.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = off'))
+            admin.dispose()
+            data = tmp_path / "data"
+            roots = [data / "checkpoints", data / "artifacts", big_family]
+            with running_service(
+                tmp_path,
+                url,
+                examples,
+                executor="celery",
+                broker_url=server.url,
+                allowed_roots=roots,
+                **TIMINGS,
+            ) as service:
+                running = Cluster(service, server, worker_env(service.settings, server.url), logs)
+                try:
+                    yield running
+                finally:
+                    for worker in running.workers:
+                        worker.kill()
+    finally:
+        server.stop()
+
+
+def ties(family: Path, **output: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "method": "ties",
+        "base": str(family / "base"),
+        "models": [str(family / "math"), str(family / "swh")],
+        "params": {"density": 0.3},
+    }
+    if output:
+        body["output"] = output
+    return body
+
+
+def leftovers(service: Service, tenant: str = "default") -> list[str]:
+    """Anything beside the outputs: staging or swapped-out directories."""
+    root = service.settings.artifacts_dir / tenant
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(".")) if root.is_dir() else []
+
+
+def outputs(service: Service, tenant: str = "default") -> list[str]:
+    root = service.settings.artifacts_dir / tenant
+    return (
+        sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+        if root.is_dir()
+        else []
+    )

@@ -1,0 +1,297 @@
+"""Jobs on Celery workers over a real Redis, with PostgreSQL as the truth: progress, cancel,
+the message format, and every fault: SIGKILLed workers, Redis losing its queue, duplicate
+deliveries racing, a database restart, and a worker cut off from the database."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service import jobs
+from service.db.models import Job
+from tests.distributed.conftest import Cluster, leftovers, outputs, ties, wait_for
+from tests.service.conftest import layer_swap
+from tests.service.test_database_down import TcpProxy
+from worker.engine.digests import file_sha256
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="session")
+def ties_reference(big_family: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """sha256 of every weight file of the TIES merge, made once in this process by the engine
+    (itself checked against an independent reference in tests/engine)."""
+    from worker.engine.merge import MergeOptions, merge
+    from worker.engine.recipe import parse_recipe
+
+    out = tmp_path_factory.mktemp("ties-reference") / "out"
+    recipe = parse_recipe(ties(big_family))
+    result = merge(recipe, out, resolve=Path, options=MergeOptions(durable=False))
+    return {name: sha for name, sha in result.files.items() if name.endswith(".safetensors")}
+
+
+def assert_output_matches(cluster: Cluster, job: dict[str, Any], reference: dict[str, str]) -> None:
+    out_dir = cluster.service.settings.artifacts_dir / "default" / job["request"]["output"]["name"]
+    weights = sorted(p.name for p in out_dir.glob("*.safetensors"))
+    assert weights == sorted(reference)
+    for name, sha in reference.items():
+        assert file_sha256(out_dir / name) == sha, name
+
+
+def mid_merge(fraction: float = 0.0) -> Any:
+    """Running, with at least `fraction` of the bytes written (and not yet all)."""
+
+    def check(job: dict[str, Any]) -> bool:
+        assert job["status"] in ("queued", "running"), job
+        progress = job.get("progress") or {}
+        done, total = progress.get("bytes_done") or 0, progress.get("bytes_total") or 0
+        return job["status"] == "running" and total > 0 and fraction * total <= done < total
+
+    return check
+
+
+def finished(job: dict[str, Any]) -> bool:
+    return job["status"] in ("succeeded", "failed", "canceled")
+
+
+# --- the happy path and the message ------------------------------------------------------
+
+
+def test_job_runs_on_a_worker_with_progress_visible(
+    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
+) -> None:
+    worker = cluster.start_worker()
+    job = cluster.service.submit(ties(big_family, name="merged"))
+    assert job["status"] == "queued"
+
+    seen = cluster.wait_until(job["id"], mid_merge())
+    assert 0 < seen["progress"]["bytes_done"] < seen["progress"]["bytes_total"]
+    assert seen["attempts"] == 1
+
+    done = cluster.wait_until(job["id"], finished)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 1
+    assert_output_matches(cluster, done, ties_reference)
+    assert f"job {job['id']}: attempt 1 started" in worker.text()
+    assert outputs(cluster.service) == ["merged"] and leftovers(cluster.service) == []
+
+
+def test_the_message_carries_only_the_job_id(cluster: Cluster, big_family: Path) -> None:
+    job = cluster.service.submit(ties(big_family, name="private-name"))
+    redis = cluster.redis.client()
+    raw = wait_for(lambda: redis.lrange("merge", 0, -1), "the message in Redis")
+    assert len(raw) == 1
+    message = json.loads(raw[0])
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == ([job["id"]], {})
+    assert message["headers"]["task"] == "layerswap.run_job"
+    for secret in (str(big_family), "private-name", "density", "models"):
+        assert secret not in raw[0].decode(), secret
+
+
+def test_analysis_jobs_run_on_workers_too(cluster: Cluster) -> None:
+    cluster.start_worker()
+    body = {"base": "base", "experts": [{"label": "math", "path": "math"}]}
+    response = cluster.service.client.post("/v1/analyses", json=body)
+    assert response.status_code == 202, response.text
+    done = cluster.service.wait(response.json()["id"], kind="analyses")
+    assert done["status"] == "succeeded", done["error"]
+
+
+# --- cancellation ------------------------------------------------------------------------
+
+
+def test_cancel_reaches_a_running_job_on_a_worker(cluster: Cluster, big_family: Path) -> None:
+    worker = cluster.start_worker()
+    job = cluster.service.submit(ties(big_family, name="never"))
+    cluster.wait_until(job["id"], mid_merge())
+    asked = time.monotonic()
+    response = cluster.service.client.post(f"/v1/merges/{job['id']}/cancel")
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "canceling"
+
+    done = cluster.wait_until(job["id"], finished)
+    assert done["status"] == "canceled"
+    assert time.monotonic() - asked < 10, "the worker saw the cancel within seconds"
+    assert outputs(cluster.service) == [] and leftovers(cluster.service) == []
+
+    # The worker is free again and still serves.
+    follow = cluster.service.submit(layer_swap())
+    assert cluster.wait_until(follow["id"], finished)["status"] == "succeeded"
+    assert worker.process.poll() is None
+
+
+# --- SIGKILL, repeatedly -------------------------------------------------------------------
+
+
+def test_sigkilled_workers_leave_every_job_succeeded_exactly_once(
+    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
+) -> None:
+    """Kill the worker at a random point of the merge (5 times, more if a kill came too late),
+    start a fresh one; every job must end succeeded once, with one complete output."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    worker = cluster.start_worker()
+    interrupted: list[str] = []
+    submitted: list[str] = []
+    while len(interrupted) < 5:
+        assert len(submitted) < 10, f"kills kept missing the merges (seed {seed})"
+        job = cluster.service.submit(ties(big_family, name=f"kill-{len(submitted)}"))
+        submitted.append(job["id"])
+        cluster.wait_until(job["id"], mid_merge(rng.uniform(0.0, 0.9)))
+        time.sleep(rng.uniform(0.0, 0.3))  # the kill's timing is random, not tied to a write
+        worker.kill()
+        worker = cluster.start_worker()
+        done = cluster.wait_until(job["id"], finished)
+        assert done["status"] == "succeeded", (seed, done)
+        if done["attempts"] >= 2:
+            interrupted.append(job["id"])
+
+    for job_id in submitted:
+        done = cluster.job(job_id)
+        assert done["status"] == "succeeded", (seed, done)
+        types = cluster.event_types(job_id)
+        assert types.count("succeeded") == 1, (seed, types)
+        assert types.count("running") == done["attempts"], (seed, types)
+        assert_output_matches(cluster, done, ties_reference)
+    assert outputs(cluster.service) == sorted(f"kill-{i}" for i in range(len(submitted)))
+    assert leftovers(cluster.service) == [], seed
+    with cluster.service.db.session() as session:
+        artifacts = session.scalars(select(Job.output_artifact_id).where(Job.id.in_(submitted)))
+        assert len(set(artifacts)) == len(submitted)
+
+
+# --- Redis loses its queue -----------------------------------------------------------------
+
+
+def test_redis_restart_loses_no_queued_job_and_runs_none_twice(
+    cluster: Cluster, big_family: Path
+) -> None:
+    """A worker busy with a long merge; 24 jobs queued behind it; Redis stops (its queue is
+    gone: no persistence), 4 more are submitted while it is down, then it comes back."""
+    worker = cluster.start_worker()
+    long = cluster.service.submit(ties(big_family, name="long"))
+    cluster.wait_until(long["id"], mid_merge())
+    queued = [cluster.service.submit(layer_swap(), **{"Idempotency-Key": f"q{i}"})["id"]
+              for i in range(24)]  # fmt: skip
+    redis = cluster.redis.client()
+    wait_for(lambda: redis.llen("merge") == 24, "24 messages in Redis")
+
+    cluster.redis.stop()
+    for i in range(4):  # accepted while the broker is down: the row is the truth
+        queued.append(
+            cluster.service.submit(layer_swap(top=2), **{"Idempotency-Key": f"d{i}"})["id"]
+        )
+    cluster.redis.start()
+
+    for job_id in [long["id"], *queued]:
+        done = cluster.wait_until(job_id, finished)
+        assert done["status"] == "succeeded", done
+        assert done["attempts"] == 1, done
+        types = cluster.event_types(job_id)
+        assert types.count("running") == 1 and types.count("succeeded") == 1, types
+    redispatched = [j for j in queued if "redispatched" in cluster.event_types(j)]
+    assert len(redispatched) >= 24, "the lost messages were sent again by the reconciler"
+    assert len(outputs(cluster.service)) == 29 and leftovers(cluster.service) == []
+    assert worker.process.poll() is None, "the worker rode out the outage"
+
+
+# --- duplicate deliveries --------------------------------------------------------------------
+
+
+def test_two_workers_racing_for_one_job_claim_it_once(cluster: Cluster) -> None:
+    """The same job delivered twice at once (a redelivery) to two idle workers."""
+    first, second = cluster.start_worker(), cluster.start_worker()
+    settings, db = cluster.service.settings, cluster.service.db
+    jobs.ensure_tenant(db, "default")
+    job, _ = jobs.submit(db, settings, jobs.NewJob("default", "merge", layer_swap(), None, None))
+    executor: Any = cluster.service.client.app.state.context.executor  # type: ignore[attr-defined]
+    for nonce in ("a", "b"):
+        executor.app.send_task(
+            "layerswap.run_job", args=[job.id], queue="merge", task_id=f"{job.id}.{nonce}"
+        )
+
+    logs = lambda: first.text() + second.text()  # noqa: E731
+    wait_for(lambda: logs().count(f"job {job.id}: ") >= 2, "both deliveries handled")
+    done = cluster.wait_until(job.id, finished)
+    assert done["status"] == "succeeded" and done["attempts"] == 1
+    assert logs().count(f"job {job.id}: attempt 1 started") == 1
+    assert logs().count(f"job {job.id}: not queued") == 1
+    types = cluster.event_types(job.id)
+    assert types.count("running") == 1 and types.count("succeeded") == 1
+    assert cluster.redis.client().llen("merge") == 0
+
+
+# --- the database goes away ------------------------------------------------------------------
+
+
+def test_database_restart_during_a_run(
+    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
+) -> None:
+    worker = cluster.start_worker()
+    job = cluster.service.submit(ties(big_family, name="through-restart"))
+    cluster.wait_until(job["id"], mid_merge())
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
+        check=True,
+        timeout=120,
+    )
+
+    def settled() -> dict[str, Any] | None:
+        response = cluster.service.client.get(f"/v1/merges/{job['id']}")
+        if response.status_code == 503:
+            return None  # the API's own connections are being re-made
+        body = dict(response.json())
+        return body if finished(body) else None
+
+    done = wait_for(settled, "the job to settle after the restart", timeout=120)
+    assert done["status"] == "succeeded", done
+    # The restart hit the run: the worker saw writes fail (and retried), or lost the job.
+    assert "not written" in worker.text() or "retrying" in worker.text() or done["attempts"] == 2
+    assert_output_matches(cluster, done, ties_reference)
+    assert outputs(cluster.service) == ["through-restart"] and leftovers(cluster.service) == []
+
+
+def test_a_worker_cut_off_from_the_database_is_superseded(
+    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
+) -> None:
+    """Worker 1 reaches PostgreSQL through a proxy that is then cut: alive but silent, it is
+    presumed dead; worker 2 takes attempt 2. When worker 1 is heard again, everything it tries
+    to write is refused (fenced by attempt), and the output is still exactly one."""
+    url = cluster.service.settings.database
+    host_port = url.split("@", 1)[1].split("/", 1)[0]
+    proxy = TcpProxy((host_port.split(":")[0], int(host_port.split(":")[1])))
+    proxy.start()
+    proxied = url.replace(host_port, f"127.0.0.1:{proxy.port}")
+    try:
+        cut_off = cluster.start_worker("cut-off", LAYERSWAP_DATABASE_URL=proxied)
+        job = cluster.service.submit(ties(big_family, name="fenced"))
+        cluster.wait_until(job["id"], mid_merge())
+        proxy.stop()
+        cluster.start_worker("rescuer")
+
+        done = cluster.wait_until(job["id"], finished)
+        assert done["status"] == "succeeded", done
+        assert done["attempts"] == 2
+        proxy.start()
+        wait_for(
+            lambda: "superseded" in cut_off.text() or "lease lost" in cut_off.text(),
+            "the cut-off worker to give up its attempt",
+        )
+        assert cluster.job(job["id"])["attempts"] == 2
+        assert cluster.job(job["id"])["status"] == "succeeded"
+        types = cluster.event_types(job["id"])
+        assert types.count("succeeded") == 1 and types.count("running") == 2, types
+        assert_output_matches(cluster, done, ties_reference)
+        assert outputs(cluster.service) == ["fenced"] and leftovers(cluster.service) == []
+    finally:
+        proxy.stop()
