@@ -270,45 +270,67 @@ def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
     """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
     them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
 
-    Each row is taken with a compare-and-set on its heartbeat, so reconcilers running in
-    several processes, or a worker that beats at the last moment, never double a job."""
+    Each row moves by a compare-and-set on (status, attempt, stale heartbeat), so reconcilers
+    in several processes, or a worker that beats at the last moment, never double a job."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    requeued = []
     with db.session() as session:
         stale = session.scalars(
             select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
         ).all()
+    requeued = []
     for job in stale:
+        silent = (utcnow() - (as_utc(job.heartbeat_at) or cutoff)).total_seconds()
+        status, values = _after_loss(job, f"no heartbeat for {silent:.0f} s")
+        event = _loss_event(status, values, job)  # takes the reason out of the row's values
         with db.session() as session:
-            row = session.scalars(
-                select(Job)
-                .where(Job.id == job.id, Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
-                .with_for_update(skip_locked=True)
-            ).first()
-            if row is None:
-                continue  # it beat, finished, or another reconciler has it
-            silent = (utcnow() - (as_utc(row.heartbeat_at) or cutoff)).total_seconds()
-            if _give_back(session, row, f"no heartbeat for {silent:.0f} s") == QUEUED:
-                requeued.append((row.id, row.kind))
+            moved: Any = session.execute(
+                update(Job)
+                .where(
+                    Job.id == job.id,
+                    Job.status == job.status,
+                    Job.attempts == job.attempts,
+                    Job.heartbeat_at < cutoff,
+                )
+                .values(status=status, stage=None, **values)
+            )
+            if int(moved.rowcount) != 1:
+                continue  # it beat, finished, or another reconciler took it
+            add_event(session, job.id, status, **event)
+        if status == QUEUED:
+            requeued.append((job.id, job.kind))
     return requeued
 
 
-def _give_back(session: Session, job: Job, why: str) -> str:
+def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any]]:
     """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued."""
     if job.status == CANCELING:
-        job.status, job.finished_at, job.stage = CANCELED, utcnow(), None
-        add_event(session, job.id, CANCELED, reason=f"{why} while canceling")
-    elif job.attempts >= job.max_attempts:
-        job.status, job.finished_at, job.stage = FAILED, utcnow(), None
-        job.error = {
-            "code": "attempts_exhausted",
-            "message": f"attempt {job.attempts} of {job.max_attempts} was lost ({why}); giving up",
+        return CANCELED, {"finished_at": utcnow(), "reason": f"{why} while canceling"}
+    if job.attempts >= job.max_attempts:
+        return FAILED, {
+            "finished_at": utcnow(),
+            "error": {
+                "code": "attempts_exhausted",
+                "message": f"attempt {job.attempts} of {job.max_attempts} was lost ({why}); "
+                "giving up",
+            },
         }
-        add_event(session, job.id, FAILED, **job.error)
-    else:
-        job.status, job.stage = QUEUED, None
-        add_event(session, job.id, QUEUED, reason=f"re-queued: {why}", attempt=job.attempts)
-    return job.status
+    return QUEUED, {"reason": f"re-queued: {why}"}
+
+
+def _loss_event(status: str, values: dict[str, Any], job: Job) -> dict[str, Any]:
+    """The event for a loss; removes the reason (not a column) from `values`."""
+    if status == FAILED:
+        return dict(values["error"])
+    return {"reason": values.pop("reason"), "attempt": job.attempts}
+
+
+def _give_back(session: Session, job: Job, why: str) -> None:
+    status, values = _after_loss(job, why)
+    event = _loss_event(status, values, job)
+    job.status, job.stage = status, None
+    for key, value in values.items():
+        setattr(job, key, value)
+    add_event(session, job.id, status, **event)
 
 
 def queued(db: Database, *, created_before: datetime | None = None) -> list[tuple[str, str]]:
