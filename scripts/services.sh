@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure the local PostgreSQL (127.0.0.1:5432, trust auth) the tests use is running;
+# Make sure the local PostgreSQL (127.0.0.1:5432, trust auth) and Redis the tests use are running;
 # start it, or install it from Debian's packages, when it is not.
 set -euo pipefail
 
@@ -16,3 +16,20 @@ if ! pg_ready; then
     for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
 fi
 pg_ready || { echo "services: PostgreSQL is not reachable on 127.0.0.1:5432" >&2; exit 1; }
+
+# Redis: the distributed tests start private redis-server processes (so they can stop them);
+# the machine's own on 127.0.0.1:6379 serves `LAYERSWAP_EXECUTOR=celery` by default.
+redis_ready() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "services: installing Redis" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+if ! redis_ready; then
+    echo "services: starting Redis" >&2
+    mkdir -p /var/lib/redis /var/log/redis
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+        --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+    for _ in $(seq 1 30); do redis_ready && break; sleep 1; done
+fi
+redis_ready || { echo "services: Redis is not reachable on 127.0.0.1:6379" >&2; exit 1; }

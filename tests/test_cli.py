@@ -279,3 +279,20 @@ def test_analyze_bad_expert_one_line_error(llama: Family, tmp_path: Path) -> Non
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "nowhere" in lines[0], proc.stderr
     assert not (tmp_path / "analysis").exists()
+
+
+@pytest.mark.parametrize("queues", ["bogus", "merge,gpu", ","])
+def test_worker_refuses_unknown_queues(tmp_path: Path, queues: str) -> None:
+    result = layerswap("worker", "--queues", queues, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "error [invalid_queues]" in result.stderr and "merge, eval" in result.stderr
+
+
+def test_worker_refuses_invalid_settings(tmp_path: Path) -> None:
+    env = {**os.environ, "LAYERSWAP_STALE_AFTER_S": "1", "LAYERSWAP_HEARTBEAT_INTERVAL_S": "2"}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "layerswap"), "worker"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "invalid_settings" in result.stderr and "stale_after_s" in result.stderr

@@ -1,0 +1,80 @@
+"""docker-compose.yml, the Dockerfile and the README agree with the code: every LAYERSWAP_*
+variable they set is a real setting (and valid), every command they run is a real command, and
+the README documents every setting. (No Docker engine here: the files are checked, not run.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from service.cli import cli
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_compose_has_every_service(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {
+        "postgres",
+        "redis",
+        "migrate",
+        "api",
+        "worker",
+        "worker-cpu",
+        "flower",
+    }
+    assert "healthcheck" in services["postgres"] and "healthcheck" in services["redis"]
+    assert services["migrate"]["restart"] == "no"
+    assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert services["worker-cpu"]["profiles"] == ["cpu"] and "deploy" not in services["worker-cpu"]
+
+
+def test_compose_settings_are_real_and_valid(compose: dict[str, Any]) -> None:
+    fields = set(Settings.model_fields)
+    for name, service in compose["services"].items():
+        env = service.get("environment") or {}
+        ours = {k: str(v) for k, v in env.items() if k.startswith("LAYERSWAP_")}
+        for key in ours:
+            assert key.removeprefix("LAYERSWAP_").lower() in fields, (name, key)
+        if ours:
+            with pytest.MonkeyPatch.context() as patch:
+                for key, value in ours.items():
+                    patch.setenv(key, value.replace("${POSTGRES_PASSWORD:-layerswap}", "pw"))
+                settings = Settings()  # raises if any value is invalid
+            assert settings.executor == "celery", name
+
+
+def test_compose_commands_exist(compose: dict[str, Any]) -> None:
+    runner = CliRunner()
+    for name, service in compose["services"].items():
+        command = service.get("command")
+        if isinstance(command, list) and command[0] == "layerswap":
+            result = runner.invoke(cli, [*command[1:], "--help"])
+            assert result.exit_code == 0, (name, result.output)
+
+
+def test_dockerfile_copies_what_exists() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, flags=re.MULTILINE):
+        for path in source.split():
+            assert (ROOT / path).exists(), path
+    assert '"torch==2.13.0"' in text  # the pinned torch, installed first
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"LAYERSWAP_{name.upper()}" in readme, name
