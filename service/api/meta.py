@@ -9,7 +9,7 @@ from sqlalchemy import func, select, text
 
 from service.api.deps import ContextDep
 from service.api.errors import error_response
-from service.db.models import Job
+from service.db.models import Job, JobEvent, as_utc, utcnow
 from worker.engine.recipe import (
     LayerSwapParams,
     SoupParams,
@@ -83,6 +83,15 @@ def metrics(context: ContextDep) -> Response:
                 Job.kind == "merge", Job.status == "succeeded"
             )
         )
+        retries = session.scalar(
+            select(func.coalesce(func.sum(Job.attempts - 1), 0)).where(Job.attempts > 1)
+        )
+        redispatched = session.scalar(
+            select(func.count()).select_from(JobEvent).where(JobEvent.type == "redispatched")
+        )
+        oldest_queued = session.scalar(
+            select(func.min(Job.created_at)).where(Job.status == "queued")
+        )
         finished = session.execute(
             select(Job.kind, Job.started_at, Job.finished_at).where(
                 Job.status == "succeeded", Job.started_at.is_not(None)
@@ -93,6 +102,18 @@ def metrics(context: ContextDep) -> Response:
         "# HELP layerswap_merged_bytes_total Bytes written by succeeded merges.",
         "# TYPE layerswap_merged_bytes_total counter",
         f"layerswap_merged_bytes_total {int(merged or 0)}",
+    ]
+    waiting = (utcnow() - as_utc(oldest_queued)).total_seconds() if oldest_queued else 0.0
+    lines += [
+        "# HELP layerswap_job_retries_total Attempts beyond the first (lost workers, restarts).",
+        "# TYPE layerswap_job_retries_total counter",
+        f"layerswap_job_retries_total {int(retries or 0)}",
+        "# HELP layerswap_redispatches_total Queued jobs re-sent after their delivery was lost.",
+        "# TYPE layerswap_redispatches_total counter",
+        f"layerswap_redispatches_total {int(redispatched or 0)}",
+        "# HELP layerswap_oldest_queued_seconds Age of the oldest queued job (0 when none).",
+        "# TYPE layerswap_oldest_queued_seconds gauge",
+        f"layerswap_oldest_queued_seconds {max(waiting, 0.0):.3f}",
     ]
     lines += _duration_histogram(finished)
     return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -19,6 +19,7 @@ from service import jobs
 from service.db.models import Job
 from tests.distributed.conftest import Cluster, leftovers, outputs, ties, wait_for
 from tests.service.conftest import layer_swap
+from tests.service.test_api_lifecycle import metric
 from tests.service.test_database_down import TcpProxy
 from worker.engine.digests import file_sha256
 
@@ -164,6 +165,8 @@ def test_sigkilled_workers_leave_every_job_succeeded_exactly_once(
         assert_output_matches(cluster, done, ties_reference)
     assert outputs(cluster.service) == sorted(f"kill-{i}" for i in range(len(submitted)))
     assert leftovers(cluster.service) == [], seed
+    retries = metric(cluster.service.client.get("/metrics").text, "layerswap_job_retries_total")
+    assert retries is not None and retries >= len(interrupted)
     with cluster.service.db.session() as session:
         artifacts = session.scalars(select(Job.output_artifact_id).where(Job.id.in_(submitted)))
         assert len(set(artifacts)) == len(submitted)
@@ -200,6 +203,9 @@ def test_redis_restart_loses_no_queued_job_and_runs_none_twice(
         assert types.count("running") == 1 and types.count("succeeded") == 1, types
     redispatched = [j for j in queued if "redispatched" in cluster.event_types(j)]
     assert len(redispatched) >= 24, "the lost messages were sent again by the reconciler"
+    metrics = cluster.service.client.get("/metrics").text
+    assert metric(metrics, "layerswap_redispatches_total") >= len(redispatched)
+    assert metric(metrics, "layerswap_oldest_queued_seconds") == 0
     assert len(outputs(cluster.service)) == 29 and leftovers(cluster.service) == []
     assert worker.process.poll() is None, "the worker rode out the outage"
 

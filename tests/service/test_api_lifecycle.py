@@ -585,3 +585,6 @@ def test_metrics_count_jobs_by_status(service: Service) -> None:
     assert metric(text, 'layerswap_job_duration_seconds_count{kind="merge"}') == 2
     assert metric(text, 'layerswap_job_duration_seconds_bucket{kind="merge",le="+Inf"}') == 2
     assert "# TYPE layerswap_jobs gauge" in text
+    assert metric(text, "layerswap_job_retries_total") == 0
+    assert metric(text, "layerswap_redispatches_total") == 0
+    assert metric(text, "layerswap_oldest_queued_seconds") == 0
