@@ -1,0 +1,844 @@
+"""Load test of the HTTP API on loopback: submit and poll throughput and p50/p99 latency.
+
+For each deployment, a fresh service is started from scratch in a temporary directory and torn
+down afterwards (every process stopped, the data directory removed, the database dropped):
+
+    embedded  `layerswap serve` on its default: SQLite in the data directory, the in-process
+              executor (merges run on a thread of the API process)
+    celery    `layerswap serve` on a fresh PostgreSQL database with the celery executor, a
+              private redis-server on a free port, and one `layerswap worker` process
+
+Both serve from one uvicorn process (what `serve` runs). Every job is a layer swap of the tiny
+example checkpoints (`layerswap examples`, ~0.5 MB per model), so the merges themselves are
+cheap and the API and the database are what is measured. Per deployment:
+
+    warm-up   --warmup-submits submits, a few GETs of each, wait until they have run (this
+              also pays the executor's torch import before anything is measured)
+    submit    --submits POST /v1/merges from --concurrency concurrent clients (closed loop)
+    drain     wait until every submitted job has finished; the time from the first submit to
+              the last job's finished_at is reported (jobs start running during the submits)
+    poll      --pollers concurrent pollers GET /v1/merges/{id} of the submitted (finished)
+              jobs in a loop: --poll-warmup seconds unmeasured, then --duration seconds measured
+
+Latency is the client's wall time of one request (asyncio + httpx, one connection per client),
+so it includes time queued in the client's event loop. The client runs on the same machine as
+the server: on a 2-core machine they compete for the CPU, as the report says. Non-2xx answers
+and transport errors are counted; a non-zero count makes the run exit with status 1 after the
+report is written (bench/figures/api-<git short sha>.md).
+
+    .venv/bin/python bench/api_load.py --deployment both
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import httpx
+from sqlalchemy import create_engine, text
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+FIGURES_DIR = BENCH_DIR / "figures"
+LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
+POSTGRES_ADMIN = os.environ.get(
+    "LAYERSWAP_BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+DEPLOYMENTS = ("embedded", "celery")
+# The README's first request: a layer swap of the example checkpoints. No output.name, so the
+# server names every output after its job and each submit is a new job.
+REQUEST: dict[str, Any] = {
+    "method": "layer_swap",
+    "experts": {"task": ["examples/math"], "language": ["examples/swh"]},
+    "params": {"bottom": 1, "top": 1},
+}
+TERMINAL = ("succeeded", "failed", "canceled")
+NOT_TERMINAL = ("queued", "running", "canceling")
+
+
+# -- processes -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Process:
+    """A child process in a session of its own, its output in a log file."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log = name, log
+        with log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                list(argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, lines: int = 25) -> str:
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        """True while it runs; raises once it has exited (with the end of its log)."""
+        if self.popen.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} exited with status {self.popen.returncode}:\n{self.tail()}"
+            )
+        return True
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM to the process's own group, then SIGKILL to the group if it is still there
+        (the group is only signalled while its leader, our child, is not yet reaped)."""
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.popen.wait(timeout=timeout)
+
+
+def process_cpu_seconds(pid: int | str, *, children: bool = False) -> float:
+    """User + system CPU time of a process (all its threads) so far, with `children` also
+    that of its children that have exited and been waited for; NaN once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return math.nan
+    fields = [int(v) for v in stat.rsplit(")", 1)[1].split()[11:15]]  # comm may have spaces
+    return sum(fields if children else fields[:2]) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU time so far of every process named `postgres` on the machine and of their exited
+    children: the server, its live backends, and the backends that have come and gone (the
+    postmaster waits for them), which a connection pool that closes connections makes many."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+        except OSError:
+            continue
+        seconds = process_cpu_seconds(entry.name, children=True)
+        total += 0.0 if math.isnan(seconds) else seconds
+    return total
+
+
+def redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def http_ready(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/readyz", timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass
+class Postgres:
+    url: str
+    description: str
+    sessions: Callable[[], int]  # connections opened to the database so far
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[Postgres]:
+    """A fresh PostgreSQL database, dropped afterwards."""
+    name = f"layerswap_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+    def sessions() -> int:
+        # pg_stat_database.sessions (PostgreSQL 14+); statistics lag by up to a second.
+        with admin.connect() as connection:
+            connection.execute(text("SELECT pg_stat_clear_snapshot()"))
+            found = connection.execute(
+                text("SELECT sessions FROM pg_stat_database WHERE datname = :name"),
+                {"name": name},
+            ).scalar()
+        return int(found or 0)
+
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+            version = connection.execute(text("SHOW server_version")).scalar()
+            sync = connection.execute(text("SHOW synchronous_commit")).scalar()
+        try:
+            yield Postgres(
+                POSTGRES_ADMIN.rsplit("/", 1)[0] + f"/{name}",
+                f"PostgreSQL {str(version).split()[0]} on this machine (synchronous_commit {sync})",
+                sessions,
+            )
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@dataclass
+class Deployment:
+    kind: str
+    base_url: str
+    api: Process
+    worker: Process | None
+    redis: Process | None
+    postgres: Postgres | None
+    description: str
+
+
+@contextlib.contextmanager
+def deployment(kind: str, work: Path) -> Iterator[Deployment]:
+    """Start a deployment under `work`; stop everything it started on the way out."""
+    data = work / "data"
+    logs = work / "logs"
+    logs.mkdir(parents=True)
+    subprocess.run(
+        [str(LAYERSWAP), "examples", str(data / "checkpoints" / "examples")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
+    env.update(LAYERSWAP_DATA_DIR=str(data), LAYERSWAP_HOST="127.0.0.1", LAYERSWAP_PORT=str(port))
+    base_url = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        redis: Process | None = None
+        postgres: Postgres | None = None
+        description = (
+            "SQLite (WAL) in the data directory + in-process executor (one job at a time, on a "
+            "thread of the API process)"
+        )
+        if kind == "celery":
+            postgres = stack.enter_context(postgres_database())
+            redis_port = free_port()
+            redis_dir = work / "redis"
+            redis_dir.mkdir()
+            redis = started_redis = Process(
+                "redis-server",
+                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(redis_dir)],
+                env, logs / "redis.log",
+            )  # fmt: skip
+            stack.callback(started_redis.stop)
+            wait_for(lambda: started_redis.alive() and redis_answers(redis_port), "redis", 20)
+            env.update(
+                LAYERSWAP_DATABASE_URL=postgres.url,
+                LAYERSWAP_EXECUTOR="celery",
+                LAYERSWAP_BROKER_URL=f"redis://127.0.0.1:{redis_port}/0",
+            )
+            description = (
+                f"a fresh database on {postgres.description} + celery executor, a private "
+                "redis-server (no persistence), one `layerswap worker` process (solo pool: one "
+                "job at a time)"
+            )
+        api = Process("layerswap serve", [str(LAYERSWAP), "serve"], env, logs / "serve.log")
+        stack.callback(api.stop)
+        wait_for(lambda: api.alive() and http_ready(base_url), "layerswap serve", 90)
+        worker = None
+        if kind == "celery":
+            worker = Process(
+                "layerswap worker", [str(LAYERSWAP), "worker"], env, logs / "worker.log"
+            )
+            stack.callback(worker.stop)
+            started = worker
+            wait_for(lambda: started.alive() and " ready." in started.text(), "worker", 90)
+        yield Deployment(kind, base_url, api, worker, redis, postgres, description)
+
+
+# -- measurement -----------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100])."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+@dataclass
+class Phase:
+    deployment: str
+    name: str
+    wall_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+    transport_errors: Counter[str] = field(default_factory=Counter)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the phase
+    warmup_failures: int = 0  # non-2xx and transport errors before the measured window
+    pg_sessions: int | None = None  # PostgreSQL connections opened during the phase
+
+    def record(self, seconds: float, status: int) -> None:
+        self.latencies_ms.append(seconds * 1000)
+        self.statuses[status] += 1
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values()) + sum(self.transport_errors.values())
+
+    @property
+    def non_2xx(self) -> int:
+        return sum(n for status, n in self.statuses.items() if not 200 <= status < 300)
+
+    def cpu_percent(self, process: str) -> float | None:
+        seconds = self.cpu_s.get(process)
+        return None if seconds is None else 100 * seconds / self.wall_s
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "wall_s": self.wall_s,
+            "rps": self.requests / self.wall_s if self.wall_s else math.nan,
+            "p50_ms": percentile(self.latencies_ms, 50),
+            "p99_ms": percentile(self.latencies_ms, 99),
+            "max_ms": max(self.latencies_ms, default=math.nan),
+            "non_2xx": self.non_2xx,
+            "statuses": dict(self.statuses),
+            "transport_errors": dict(self.transport_errors),
+        }
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds spent not idle by the whole machine (all cores), from /proc/stat."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    guest = sum(ticks[8:10])  # guest time is counted in user time already
+    return (sum(ticks) - guest - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_percent(seconds: float) -> str:
+    """How busy the whole machine is now (all cores; 100 % = one core), over `seconds`."""
+    before = machine_busy_seconds()
+    time.sleep(seconds)
+    return cell(100 * (machine_busy_seconds() - before) / seconds, 0)
+
+
+class CpuMeter:
+    """CPU seconds of this client and of the deployment's processes between start and stop."""
+
+    def __init__(self, target: Deployment) -> None:
+        self.target = target
+        self._start: dict[str, float] = {}
+        self._sessions = 0
+
+    def _now(self) -> dict[str, float]:
+        now = {
+            "client": time.process_time(),
+            "api": self.target.api.cpu_seconds(),
+            "machine": machine_busy_seconds(),
+        }
+        if self.target.worker is not None:
+            now["worker"] = self.target.worker.cpu_seconds()
+        if self.target.kind == "celery":
+            redis = self.target.redis.cpu_seconds() if self.target.redis else 0.0
+            now["stores"] = postgres_cpu_seconds() + redis
+        return now
+
+    def start(self) -> None:
+        self._start = self._now()
+        if self.target.postgres is not None:
+            self._sessions = self.target.postgres.sessions()
+
+    def stop(self, phase: Phase) -> None:
+        used = {k: v - self._start[k] for k, v in self._now().items()}
+        if self.target.postgres is not None:
+            time.sleep(1.0)  # let the statistics catch up (not part of the phase)
+            phase.pg_sessions = self.target.postgres.sessions() - self._sessions
+        used["rest"] = used["machine"] - sum(v for k, v in used.items() if k != "machine")
+        phase.cpu_s = used
+
+
+def client(base_url: str, connections: int = 1) -> httpx.AsyncClient:
+    """One per simulated client. httpx's connection pool does work per request that grows
+    with its number of connections: with one shared pool of 200 connections this client used a
+    whole core (95 %) for 224 GETs/s (embedded) or 84 GETs/s (celery), and measured itself; with
+    a pool per poller it uses about 25 % for more, and the API process is the bottleneck."""
+    return httpx.AsyncClient(
+        base_url=base_url,
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        timeout=httpx.Timeout(120.0),
+        trust_env=False,  # loopback: never through a proxy from the environment
+    )
+
+
+async def submit_phase(
+    target: Deployment, name: str, submits: int, concurrency: int
+) -> tuple[Phase, list[str], float]:
+    """`submits` POSTs from `concurrency` closed-loop clients: (phase, job ids, start epoch)."""
+    phase = Phase(target.kind, name)
+    ids: list[str] = []
+    todo = iter(range(submits))
+
+    async def one_client(http: httpx.AsyncClient) -> None:
+        for _ in todo:  # shared by all clients: each takes the next submit
+            began = time.perf_counter()
+            try:
+                response = await http.post("/v1/merges", json=REQUEST)
+            except httpx.HTTPError as e:
+                phase.transport_errors[type(e).__name__] += 1
+                continue
+            phase.record(time.perf_counter() - began, response.status_code)
+            if response.status_code == 202:
+                ids.append(str(response.json()["id"]))
+
+    meter = CpuMeter(target)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(client(target.base_url)) for _ in range(concurrency)
+        ]
+        for http in clients:  # connect before the clock starts
+            (await http.get("/healthz")).raise_for_status()
+        started_epoch = time.time()
+        began = time.perf_counter()
+        meter.start()
+        await asyncio.gather(*(one_client(http) for http in clients))
+        phase.wall_s = time.perf_counter() - began
+        meter.stop(phase)
+    return phase, ids, started_epoch
+
+
+async def poll_phase(
+    target: Deployment, ids: Sequence[str], pollers: int, warmup_s: float, duration_s: float
+) -> Phase:
+    """Closed-loop pollers over `ids`; only requests that complete inside the measured window
+    count (those in flight at its end are awaited and dropped)."""
+    phase = Phase(target.kind, "poll")
+    warmup = Phase(target.kind, "poll warm-up")
+    meter = CpuMeter(target)
+    began = time.perf_counter()
+    window_start, window_end = began + warmup_s, began + warmup_s + duration_s
+
+    async def poller(http: httpx.AsyncClient, first: int) -> None:
+        k = first
+        while time.perf_counter() < window_end:
+            job_id = ids[k % len(ids)]
+            k += pollers
+            sent = time.perf_counter()
+            status: int | None = None
+            error = ""
+            try:
+                status = (await http.get(f"/v1/merges/{job_id}")).status_code
+            except httpx.HTTPError as e:
+                error = type(e).__name__
+            done = time.perf_counter()
+            into = phase if window_start <= done <= window_end else warmup
+            if done > window_end:
+                continue
+            if status is None:
+                into.transport_errors[error] += 1
+            else:
+                into.record(done - sent, status)
+
+    async def window() -> None:
+        await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
+        meter.start()
+        await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
+        meter.stop(phase)
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(client(target.base_url)) for _ in range(pollers)]
+        await asyncio.gather(window(), *(poller(http, i) for i, http in enumerate(clients)))
+    phase.wall_s = duration_s
+    phase.warmup_failures = warmup.non_2xx + sum(warmup.transport_errors.values())
+    return phase
+
+
+def job_counts(metrics: str) -> dict[str, int]:
+    """Merge jobs by status, from /metrics."""
+    counts: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith('layerswap_jobs{kind="merge",status="'):
+            status = line.split('status="', 1)[1].split('"', 1)[0]
+            counts[status] = int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+async def wait_drained(target: Deployment, expected: int, timeout: float) -> bool:
+    """Until /metrics shows `expected` finished merges and none queued or running."""
+    deadline = time.monotonic() + timeout
+    async with client(target.base_url, 1) as http:
+        while time.monotonic() < deadline:
+            target.api.alive()
+            if target.worker is not None:
+                target.worker.alive()
+            response = await http.get("/metrics")
+            if response.status_code == 200:
+                counts = job_counts(response.text)
+                finished = sum(counts.get(s, 0) for s in TERMINAL)
+                if finished >= expected and not any(counts.get(s) for s in NOT_TERMINAL):
+                    return True
+            await asyncio.sleep(0.25)
+    return False
+
+
+@dataclass
+class Drain:
+    jobs: int
+    drained: bool
+    statuses: dict[str, int]
+    last_finished_s: float | None  # from the first submit to the last finished_at
+
+
+async def drain_report(target: Deployment, ids: Sequence[str], started_epoch: float) -> Drain:
+    """Every job's status and finished_at (16 concurrent GETs; not part of any measurement)."""
+    statuses: Counter[str] = Counter()
+    finished: list[float] = []
+    todo = iter(ids)
+
+    async def reader(http: httpx.AsyncClient) -> None:
+        for job_id in todo:
+            job = (await http.get(f"/v1/merges/{job_id}")).raise_for_status().json()
+            statuses[str(job["status"])] += 1
+            if job.get("finished_at"):
+                when = datetime.fromisoformat(str(job["finished_at"]).replace("Z", "+00:00"))
+                finished.append(when.timestamp())
+
+    async with client(target.base_url, 16) as http:
+        await asyncio.gather(*(reader(http) for _ in range(16)))
+    done = len(finished) == len(ids) and all(s in TERMINAL for s in statuses)
+    last = max(finished) - started_epoch if finished else None
+    return Drain(len(ids), done, dict(statuses), last)
+
+
+@dataclass
+class Result:
+    deployment: Deployment
+    submit: Phase
+    poll: Phase
+    drain: Drain
+    warmup_submits: int
+
+
+async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result:
+    say = print
+    say(f"[{target.kind}] {target.description}; API at {target.base_url}", flush=True)
+    warm, warm_ids, _ = await submit_phase(
+        target, "submit warm-up", args.warmup_submits, min(args.concurrency, 8)
+    )
+    if warm.non_2xx or warm.transport_errors:
+        raise RuntimeError(f"warm-up submits failed: {warm.summary()}")
+    async with client(target.base_url, 8) as http:
+        for _ in range(3):
+            await asyncio.gather(*(http.get(f"/v1/merges/{j}") for j in warm_ids))
+    if not await wait_drained(target, len(warm_ids), args.drain_timeout):
+        raise RuntimeError("the warm-up jobs did not finish")
+    say(f"[{target.kind}] warm-up done ({len(warm_ids)} jobs ran)", flush=True)
+
+    submit, ids, started_epoch = await submit_phase(
+        target, "submit", args.submits, args.concurrency
+    )
+    say(f"[{target.kind}] submit: {fmt_summary(submit)}", flush=True)
+    if not ids:
+        raise RuntimeError(f"no submit succeeded: {submit.summary()}")
+    drained = await wait_drained(target, len(warm_ids) + len(ids), args.drain_timeout)
+    drain = await drain_report(target, ids, started_epoch)
+    drain.drained = drain.drained and drained
+    say(f"[{target.kind}] drain: {drain}", flush=True)
+
+    poll = await poll_phase(target, ids, args.pollers, args.poll_warmup, args.duration)
+    say(f"[{target.kind}] poll: {fmt_summary(poll)}", flush=True)
+    return Result(target, submit, poll, drain, len(warm_ids))
+
+
+def fmt_summary(phase: Phase) -> str:
+    s = phase.summary()
+    return (
+        f"{s['requests']} requests, {s['rps']:.1f}/s, p50 {s['p50_ms']:.1f} ms, "
+        f"p99 {s['p99_ms']:.1f} ms, non-2xx {s['non_2xx']}, errors {s['transport_errors']}"
+    )
+
+
+# -- report ----------------------------------------------------------------------------------
+def git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def machine() -> str:
+    mem = next(
+        (line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+         if line.startswith("MemTotal")), "0",
+    )  # fmt: skip
+    gpu = "an NVIDIA GPU (nvidia-smi present)" if shutil.which("nvidia-smi") else "no GPU"
+    return (
+        f"{os.cpu_count()} CPU cores, {int(mem) * 1024 / 1e9:.1f} GB RAM, {gpu}, kernel "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def versions() -> str:
+    import importlib.metadata as md
+
+    names = ("uvicorn", "fastapi", "httpx", "sqlalchemy", "celery")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            continue
+    for extra in ("uvloop", "httptools"):
+        try:
+            md.version(extra)
+            found.append(f"{extra} installed")
+        except md.PackageNotFoundError:
+            found.append(f"no {extra}")
+    return ", ".join(found)
+
+
+def cell(value: float | None, digits: int = 1) -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    shown = f"{value:.{digits}f}"
+    return shown.removeprefix("-") if float(shown) == 0 else shown  # never "-0"
+
+
+def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, str]) -> str:
+    rows = [
+        "| deployment | phase | requests | req/s | p50 ms | p99 ms | max ms | non-2xx | "
+        "transport errors | API CPU % | worker CPU % | client CPU % | PostgreSQL + Redis "
+        "CPU % | rest of machine CPU % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for phase, label in (
+            (r.submit, f"submit (POST, {args.concurrency} clients)"),
+            (r.poll, f"poll (GET, {args.pollers} pollers, {args.duration:g} s)"),
+        ):
+            s = phase.summary()
+            rows.append(
+                f"| {r.deployment.kind} | {label} | {s['requests']} | {cell(s['rps'])} | "
+                f"{cell(s['p50_ms'])} | {cell(s['p99_ms'])} | {cell(s['max_ms'])} | "
+                f"{s['non_2xx']} | {sum(s['transport_errors'].values())} | "
+                f"{cell(phase.cpu_percent('api'), 0)} | {cell(phase.cpu_percent('worker'), 0)} | "
+                f"{cell(phase.cpu_percent('client'), 0)} | "
+                f"{cell(phase.cpu_percent('stores'), 0)} | {cell(phase.cpu_percent('rest'), 0)} |"
+            )
+    drain_rows = [
+        "| deployment | merges submitted | all finished | last finished, s after first submit "
+        "| merges/s | statuses |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for r in results:
+        d = r.drain
+        rate = d.jobs / d.last_finished_s if d.last_finished_s else None
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(d.statuses.items()))
+        drain_rows.append(
+            f"| {r.deployment.kind} | {d.jobs} | {'yes' if d.drained else '**no**'} | "
+            f"{cell(d.last_finished_s)} | {cell(rate)} | {statuses} |"
+        )
+    connections = [
+        f"- {r.deployment.kind}: {r.submit.pg_sessions} during the submits, "
+        f"{r.poll.pg_sessions} during the measured polls"
+        for r in results
+        if r.submit.pg_sessions is not None
+    ]
+    notes = []
+    for r in results:
+        extra = [f"{k}: {v}" for k, v in (r.submit.statuses | r.poll.statuses).items() if k >= 300]
+        errors = r.submit.transport_errors + r.poll.transport_errors
+        extra += [f"{k}: {v}" for k, v in errors.items()]
+        if r.poll.warmup_failures:
+            extra.append(f"{r.poll.warmup_failures} failed requests during the poll warm-up")
+        if extra:
+            notes.append(f"- {r.deployment.kind}: {'; '.join(extra)}")
+    deployments = "\n".join(
+        f"- **{r.deployment.kind}**: {r.deployment.description}" for r in results
+    )
+    return "\n".join(
+        [
+            "# API load: submit and poll on loopback",
+            "",
+            f"layerswap at {meta['commit']}, {meta['date']}.",
+            "",
+            f"Command: `{meta['command']}`",
+            "",
+            f"Machine: {meta['machine']}. **The load generator (one asyncio process, httpx) and "
+            "the service share these cores**, so the client's CPU use is taken from the "
+            "server's; figures are a lower bound on what the service does for remote clients. "
+            f"Load average before/after: {meta['load_before']} / {meta['load_after']}. "
+            f"{meta['versions']}.",
+            "",
+            "Deployments (each started fresh in a temporary directory; one uvicorn process, "
+            "`layerswap serve`):",
+            "",
+            deployments,
+            "",
+            f"Parameters: {args.warmup_submits} warm-up submits (run to completion, not "
+            f"measured); then {args.submits} submits (`POST /v1/merges`, a layer swap of the "
+            f"example checkpoints, each a new job) from {args.concurrency} concurrent "
+            f"closed-loop clients; then, once they have all run, {args.pollers} concurrent "
+            f"pollers `GET /v1/merges/{{id}}` over those jobs, {args.poll_warmup:g} s "
+            f"unmeasured then {args.duration:g} s measured (requests completed in the window). "
+            "Latency: client-side wall time per request, including time queued in the "
+            "client's event loop. CPU %: CPU seconds of the process over the phase's wall time "
+            "(100 % = one core); PostgreSQL + Redis: every `postgres` process on the machine "
+            "and the private redis-server (celery only); rest of machine: the machine's busy "
+            "CPU time (all cores, /proc/stat) minus all the columns before it: the kernel "
+            "(loopback TCP, writing back the merges' fsynced files) and anything else running; "
+            f"the whole machine was {meta['busy_before']} % busy in the 3 s before the run. "
+            "In a closed loop "
+            "latency ≈ clients / throughput, so once the API process is saturated the p50 "
+            "is mostly time waiting in its queue.",
+            "",
+            *rows,
+            "",
+            "Executor drain (the merges start running while the submits go on; the last job's "
+            "`finished_at`, from the server, against the client's clock at the first submit):",
+            "",
+            *drain_rows,
+            "",
+            *(
+                [
+                    "PostgreSQL connections opened to the database (`pg_stat_database.sessions`; "
+                    "a steady connection pool would open none):",
+                    "",
+                    *connections,
+                    "",
+                ]
+                if connections
+                else []
+            ),
+            *(["Non-2xx answers and transport errors:", "", *notes, ""] if notes else []),
+        ]
+    )
+
+
+# -- main ------------------------------------------------------------------------------------
+def _terminate(signum: int, _frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)  # so the finally blocks stop what was started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--deployment", choices=[*DEPLOYMENTS, "both"], default="both")
+    parser.add_argument("--submits", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=32, help="concurrent submit clients")
+    parser.add_argument("--pollers", type=int, default=200)
+    parser.add_argument("--duration", type=float, default=20.0, help="measured poll seconds")
+    parser.add_argument("--poll-warmup", type=float, default=3.0, help="unmeasured poll seconds")
+    parser.add_argument("--warmup-submits", type=int, default=16)
+    parser.add_argument(
+        "--drain-timeout", type=float, default=240.0, help="most seconds to wait for the merges"
+    )
+    parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
+    args = parser.parse_args(argv)
+    for name in ("submits", "concurrency", "pollers", "warmup_submits"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not LAYERSWAP.exists():
+        sys.exit(f"{LAYERSWAP} is missing (bash scripts/setup.sh)")
+    if args.deployment != "embedded" and not shutil.which("redis-server"):
+        sys.exit("redis-server is not installed (needed by the celery deployment)")
+    kinds = DEPLOYMENTS if args.deployment == "both" else (args.deployment,)
+    cli_args = argv if argv is not None else sys.argv[1:]
+    signal.signal(signal.SIGTERM, _terminate)
+
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "worker", "service", "migrations")
+    meta = {
+        "commit": commit + (" (+ uncommitted changes in worker/, service/ or migrations/)"
+                            if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": " ".join([".venv/bin/python bench/api_load.py", *cli_args]),
+        "machine": machine(),
+        "versions": versions(),
+        "load_before": loadavg(),
+        "busy_before": busy_percent(3.0),
+    }  # fmt: skip
+    results: list[Result] = []
+    scratch = Path(tempfile.mkdtemp(prefix="layerswap-api-bench-"))
+    try:
+        for kind in kinds:
+            work = scratch / kind
+            try:
+                with deployment(kind, work) as target:
+                    results.append(asyncio.run(run_deployment(target, args)))
+            except Exception:
+                for log in sorted((work / "logs").glob("*.log")):
+                    lines = log.read_text(errors="replace").splitlines()[-30:]
+                    print(f"--- {log.name} (last lines)\n" + "\n".join(lines), file=sys.stderr)
+                raise
+            finally:
+                shutil.rmtree(work, ignore_errors=True)  # ~0.5 MB per merge written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    meta["load_after"] = loadavg()
+
+    report = markdown(results, args, meta)
+    output = args.output or FIGURES_DIR / f"api-{commit or 'unknown'}.md"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
+    print()
+    print(report)
+    print(f"written to {output}")
+    bad = sum(
+        r.submit.non_2xx + r.poll.non_2xx
+        + sum(r.submit.transport_errors.values()) + sum(r.poll.transport_errors.values())
+        for r in results
+    )  # fmt: skip
+    if bad:
+        sys.exit(f"{bad} requests failed (non-2xx or transport errors): see the report")
+
+
+if __name__ == "__main__":
+    main()
