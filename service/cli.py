@@ -86,21 +86,44 @@ def merge(
         from worker.engine.merge import MergeOptions
         from worker.engine.merge import merge as run_merge
         from worker.engine.planner import make_plan
+        from worker.hub.fetch import fetch_inputs, hub_sources
+        from worker.hub.pin import pin_recipe
 
         recipe = load_recipe_file(recipe_file)
-        resolve = local_resolver(recipe_file.parent)
-        if dry_run:
-            plan = make_plan(recipe, resolve=resolve)
-            plan.close()
-            click.echo(plan.table())
-            return
-        options = MergeOptions(
-            device=device, durable=not no_fsync, overwrite=overwrite, hash_cache=hash_cache_dir()
-        )
-        with progress_bar(disabled=quiet) as on_progress:
-            result = run_merge(
-                recipe, out_dir, resolve=resolve, options=options, on_progress=on_progress
+        local = local_resolver(recipe_file.parent)
+        fetched = None
+        if hub_sources(recipe):  # pinned now: a branch moving mid-run changes nothing
+            recipe, pins = pin_recipe(recipe, hub_token(recipe.credential))
+            for pinned in pins:
+                click.echo(f"{pinned.repo}@{pinned.revision} -> commit {pinned.sha}", err=True)
+            fetched = fetch_inputs(
+                recipe,
+                cache_dir=cache_dir() / "hub",
+                token=hub_token(recipe.credential),
+                local=local,
+                headers_only=dry_run,
             )
+        try:
+            resolve = fetched.resolver(local) if fetched else local
+            if dry_run:
+                plan = make_plan(recipe, resolve=resolve)
+                plan.close()
+                click.echo(plan.table())
+                return
+            options = MergeOptions(
+                device=device,
+                durable=not no_fsync,
+                overwrite=overwrite,
+                hash_cache=cache_dir() / "sha256",
+                known_digests=fetched.digests if fetched else {},
+            )
+            with progress_bar(disabled=quiet) as on_progress:
+                result = run_merge(
+                    recipe, out_dir, resolve=resolve, options=options, on_progress=on_progress
+                )
+        finally:
+            if fetched is not None:
+                fetched.close()
         for warning in result.manifest["warnings"]:
             click.echo(f"warning: {warning}", err=True)
         size = sum((result.out_dir / name).stat().st_size for name in result.files)
@@ -108,13 +131,38 @@ def merge(
             f"merged into {result.out_dir} ({len(result.files)} files, {size / 1e9:.3f} GB) "
             f"in {result.seconds:.1f} s; plan {result.plan_digest[:12]}"
         )
+        if recipe.output.hub is not None:
+            from worker.hub.publish import publish
+
+            dest = recipe.output.hub
+            published = publish(
+                result.out_dir,
+                dest,
+                token=hub_token(dest.credential),
+                job_id=f"cli-{result.plan_digest[:12]}",
+                digests=result.files,
+            )
+            click.echo(f"published to {published.url}")
 
 
-def hash_cache_dir() -> Path:
+def hub_token(credential: str | None) -> str | None:
+    """The CLI's Hub token: the named credential from LAYERSWAP_HUB_CREDENTIALS, else HF_TOKEN
+    (the user's own), else none (public repositories only)."""
+    import os
+
+    from worker.hub.credentials import token_for
+
+    if credential is None:
+        return os.environ.get("HF_TOKEN") or None
+    return token_for(credential, load_settings().hub_credentials)
+
+
+def cache_dir() -> Path:
+    """The CLI's cache: input sha256s and Hub downloads (LAYERSWAP_CACHE_DIR, else XDG)."""
     import os
 
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("LAYERSWAP_CACHE_DIR") or Path(root) / "layerswap") / "sha256"
+    return Path(os.environ.get("LAYERSWAP_CACHE_DIR") or Path(root) / "layerswap")
 
 
 @contextmanager

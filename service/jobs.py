@@ -77,14 +77,16 @@ def ensure_tenant(db: Database, tenant: str) -> None:
 class NewJob:
     tenant: str
     kind: str
-    request: dict[str, Any]
+    request: dict[str, Any]  # what runs (Hub sources pinned to commit shas)
     output_name: str | None
     idempotency_key: str | None
+    asked: dict[str, Any] | None = None  # the body as sent, for idempotency (default: request)
+    sources: list[dict[str, str]] | None = None  # Hub pins
 
 
 def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
     """Insert a queued job (or return the one this idempotency key already made)."""
-    digest = request_digest({"kind": new.kind, **new.request})
+    digest = request_digest({"kind": new.kind, **(new.asked or new.request)})
     job_id = new_id()
     name = new.output_name or f"{new.kind}-{job_id[:12]}"
     try:
@@ -106,6 +108,7 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
                 idempotency_key=new.idempotency_key,
                 output_name=name,
                 max_attempts=settings.max_attempts,
+                sources=new.sources,
             )
             session.add(job)
             session.flush()

@@ -24,7 +24,7 @@ def content_digest(files: dict[str, str]) -> str:
 
 
 def get_or_create_artifact(
-    session: Session, *, tenant: str, location: Path, files: dict[str, str], **extra: Any
+    session: Session, *, tenant: str, location: Path | str, files: dict[str, str], **extra: Any
 ) -> Artifact:
     """The artifact at `location` with these files: the same content, or (a merge's output
     read as an input, identified by its weights and config only) a superset of them."""
@@ -168,5 +168,6 @@ def artifact_dict(artifact: Artifact) -> dict[str, Any]:
         "architecture": artifact.architecture,
         "num_layers": artifact.num_layers,
         "files": [{"name": n, "sha256": s} for n, s in sorted(artifact.files.items())],
+        "published": artifact.published or [],
         "created_at": as_utc(artifact.created_at).isoformat(),
     }

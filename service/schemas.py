@@ -36,11 +36,27 @@ class FileRead(BaseModel):
     sha256: str
 
 
+class PublishedRead(BaseModel):
+    repo: str
+    branch: str
+    commit: str
+    url: str
+
+
 class OutputRead(BaseModel):
     artifact_id: str
     name: str
     location: str
     files: list[FileRead]
+    published: list[PublishedRead] = Field(default_factory=list, description="Hub commits")
+
+
+class HubSourceRead(BaseModel):
+    field: str
+    source: str = Field(description="as submitted")
+    repo: str
+    revision: str
+    sha: str = Field(description="the commit the job reads, fixed at submit time")
 
 
 class JobRead(BaseModel):
@@ -59,6 +75,7 @@ class JobRead(BaseModel):
     plan_digest: str | None
     output: OutputRead | None = None
     result: dict[str, Any] | None = None
+    sources: list[HubSourceRead] = Field(default_factory=list, description="pinned Hub sources")
 
 
 class JobPage(BaseModel):
@@ -121,4 +138,5 @@ def job_read(job: Job, output: OutputRead | None = None) -> JobRead:
         plan_digest=job.plan_digest,
         output=output,
         result=job.result,
+        sources=[HubSourceRead(**s) for s in job.sources or []],
     )

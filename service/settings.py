@@ -10,7 +10,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     )
     reconcile_interval_s: float = Field(
         5.0, gt=0, description="how often the service looks for lost messages and dead jobs"
+    )
+    hub_credentials: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='Hub tokens by name, JSON: {"team-a": "hf_..."}; requests name one',
     )
     db_retry_s: float = Field(
         60.0, ge=0, description="how long a job keeps retrying its final write to the database"

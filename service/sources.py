@@ -16,7 +16,8 @@ def resolve_local(source: str, roots: list[Path], *, field: str = "source") -> P
     """Absolute real path of `source` (relative ones are under the first root), or 422."""
     if "://" in source:
         raise SourceNotAllowed(
-            f"{field}: {source}: only local checkpoint directories are supported",
+            f"{field}: {source}: only local checkpoint directories are supported here "
+            "(merges also take hf://org/name[@revision])",
             details={"field": field},
         )
     if "\0" in source:  # no path holds one; resolve() would raise ValueError (a 500)

@@ -1,23 +1,48 @@
-"""Session-wide tiny real checkpoints (built once) and a helper that runs the engine on them."""
+"""Session-wide tiny real checkpoints (built once) and a helper that runs the engine on them.
+
+The Hugging Face client reads its environment once, at import: before anything imports it,
+HF_ENDPOINT is pointed at a port reserved here for the test suite's own Hub-compatible server
+(tests/hub/server.py, started by the `fake_hub` fixture), Xet is off, and its cache is private.
+Nothing in the suite can reach the real Hub.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
-import torch
 
-from tests.helpers import stringify
+def _reserve_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+HUB_PORT = _reserve_port()
+for _name in [n for n in os.environ if n.startswith(("HF_", "HUGGINGFACE_"))]:
+    del os.environ[_name]  # a developer's token or endpoint must not leak into the tests
+os.environ.update(
+    HF_ENDPOINT=f"http://127.0.0.1:{HUB_PORT}",
+    HF_HUB_DISABLE_XET="1",
+    HF_HOME=tempfile.mkdtemp(prefix="layerswap-tests-hf-"),
+    HF_HUB_DISABLE_TELEMETRY="1",
+    HF_HUB_DISABLE_PROGRESS_BARS="1",
+    HF_HUB_DISABLE_UPDATE_CHECK="1",
+)
+import pytest  # noqa: E402  (after the environment above)
+import torch  # noqa: E402
+
+from tests.helpers import stringify  # noqa: E402
 
 if TYPE_CHECKING:
     from worker.examples import Arch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 LAYERS = 6
@@ -177,3 +202,20 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("examples")
     make_examples(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def fake_hub() -> Any:
+    """The suite's Hub-compatible server, on the port HF_ENDPOINT names."""
+    from tests.hub.server import FakeHub
+
+    hub = FakeHub(port=HUB_PORT).start()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
+def hub(fake_hub: Any) -> Any:
+    """The Hub server, emptied for this test (no repos, tokens, faults or logged requests)."""
+    fake_hub.reset()
+    return fake_hub

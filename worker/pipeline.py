@@ -93,6 +93,13 @@ class JobLease:
     def should_cancel(self) -> bool:
         return self.cancel or self.lost
 
+    def set_stage(self, stage: str) -> None:
+        try:
+            with self.db.session() as session:
+                session.execute(self.fenced().values(stage=stage, heartbeat_at=utcnow()))
+        except SQLAlchemyError as e:
+            log.warning("job %s: stage not written (%s)", self.job_id, _brief(e))
+
     def progress(self, p: Progress) -> None:
         now = time.monotonic()
         if now - self._written < self.progress_interval and p.bytes_done < p.bytes_total:
@@ -207,64 +214,120 @@ def _brief(error: Exception) -> str:
 
 
 def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
-    from worker.engine.merge import MergeOptions, merge
     from worker.engine.recipe import parse_recipe
+    from worker.hub.credentials import token_for
+    from worker.hub.publish import publish
 
     recipe = parse_recipe(job.request)
     out_dir = jobs.output_dir(settings, job)
     _remove_leftovers(out_dir, job.id, lease.attempt)
-    result = _published_by_earlier_attempt(out_dir, job.id)
-    if result is None:
-        options = MergeOptions(
-            device=settings.merge_device,
-            hash_cache=settings.cache_dir / "sha256",
-            # Only this job's own earlier output is ever replaced (it failed verification).
-            overwrite=_made_by(out_dir, job.id),
-            staging_tag=f"{job.id}-a{lease.attempt}",
-            job={"id": job.id, "attempt": lease.attempt},
-        )
-        try:
-            result = merge(
-                recipe,
-                out_dir,
-                resolve=lambda s: resolve_source(s, settings, job.tenant_id),
-                options=options,
-                on_progress=lease.progress,
-                should_cancel=lease.should_cancel,
+    fetched = None
+    try:
+        result = _published_by_earlier_attempt(out_dir, job.id)
+        if result is None:
+            result, fetched = _merge(job, recipe, out_dir, settings, lease)
+        else:
+            log.info("job %s: adopting the output an earlier attempt published", job.id)
+        published = None
+        if recipe.output.hub is not None:
+            lease.set_stage("publishing")
+            token = token_for(recipe.output.hub.credential, settings.hub_credentials)
+            published = publish(
+                out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
+            ).to_dict()
+        inputs = fetched.directories if fetched else {}
+
+        def record(session: Session) -> None:
+            row = _held_row(session, db, lease)
+            manifest = result.manifest
+            config = _read_config(out_dir)
+            output = get_or_create_artifact(
+                session,
+                tenant=job.tenant_id,
+                location=out_dir,
+                files=result.files,
+                architecture=config.get("model_type"),
+                num_layers=config.get("num_hidden_layers"),
             )
-        except OutputError:
-            # An attempt presumed dead (but only cut off) published this job's output while
-            # this one merged: the same bytes, already in place.
-            result = _published_by_earlier_attempt(out_dir, job.id)
-            if result is None:
-                raise
-    else:
-        log.info("job %s: adopting the output attempt %s published", job.id, lease.attempt - 1)
+            if published and published not in (output.published or []):
+                output.published = [*(output.published or []), published]
+            links = _input_links(session, job, manifest, settings, inputs)
+            link(session, row, links, output)
+            row.status, row.finished_at, row.stage = jobs.SUCCEEDED, utcnow(), None
+            row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
+            row.plan_summary = manifest["layers"]
+            row.result = {
+                "warnings": manifest["warnings"],
+                "seconds": round(result.seconds, 3),
+                "resolved_weights": manifest["resolved_weights"],
+                **({"published": published} if published else {}),
+            }
+            jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
 
-    def record(session: Session) -> None:
-        row = _held_row(session, db, lease)
-        manifest = result.manifest
-        config = _read_config(out_dir)
-        output = get_or_create_artifact(
-            session,
-            tenant=job.tenant_id,
-            location=out_dir,
-            files=result.files,
-            architecture=config.get("model_type"),
-            num_layers=config.get("num_hidden_layers"),
+        _write_with_retry(db, lease, record, settings.db_retry_s)
+    finally:
+        if fetched is not None:
+            fetched.close()
+
+
+def _merge(
+    job: Job, recipe: Any, out_dir: Path, settings: Settings, lease: JobLease
+) -> tuple[Any, Any]:
+    """Fetch what Hub sources the merge needs, then merge; (MergeResult, FetchedInputs|None)."""
+    from worker.engine.merge import MergeOptions, merge
+    from worker.hub.credentials import token_for
+    from worker.hub.fetch import fetch_inputs, hub_sources
+
+    def local(source: str) -> Path:
+        return resolve_source(source, settings, job.tenant_id)
+
+    fetched = None
+    if hub_sources(recipe):
+        started = time.monotonic()
+
+        def downloaded(done: int, total: int) -> None:
+            elapsed = time.monotonic() - started
+            lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
+
+        fetched = fetch_inputs(
+            recipe,
+            cache_dir=settings.cache_dir / "hub",
+            token=token_for(recipe.credential, settings.hub_credentials),
+            local=local,
+            on_progress=downloaded,
+            should_cancel=lease.should_cancel,
         )
-        link(session, row, _input_links(session, job, manifest, settings), output)
-        row.status, row.finished_at, row.stage = jobs.SUCCEEDED, utcnow(), None
-        row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
-        row.plan_summary = manifest["layers"]
-        row.result = {
-            "warnings": manifest["warnings"],
-            "seconds": round(result.seconds, 3),
-            "resolved_weights": manifest["resolved_weights"],
-        }
-        jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
-
-    _write_with_retry(db, lease, record, settings.db_retry_s)
+    options = MergeOptions(
+        device=settings.merge_device,
+        hash_cache=settings.cache_dir / "sha256",
+        # Only this job's own earlier output is ever replaced (it failed verification).
+        overwrite=_made_by(out_dir, job.id),
+        staging_tag=f"{job.id}-a{lease.attempt}",
+        job={"id": job.id, "attempt": lease.attempt},
+        known_digests=fetched.digests if fetched else {},
+    )
+    try:
+        result = merge(
+            recipe,
+            out_dir,
+            resolve=fetched.resolver(local) if fetched else local,
+            options=options,
+            on_progress=lease.progress,
+            should_cancel=lease.should_cancel,
+        )
+    except OutputError:
+        # An attempt presumed dead (but only cut off) published this job's output while
+        # this one merged: the same bytes, already in place.
+        result = _published_by_earlier_attempt(out_dir, job.id)
+        if result is None:
+            if fetched is not None:
+                fetched.close()
+            raise
+    except BaseException:
+        if fetched is not None:
+            fetched.close()
+        raise
+    return result, fetched
 
 
 def _published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
@@ -304,17 +367,28 @@ def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
 
 
 def _input_links(
-    session: Any, job: Job, manifest: dict[str, Any], settings: Settings
+    session: Any,
+    job: Job,
+    manifest: dict[str, Any],
+    settings: Settings,
+    hub_dirs: dict[str, Path],
 ) -> list[InputLink]:
+    """Input artifacts: local ones by resolved path, Hub ones by `hf://repo@<commit sha>`."""
+    from worker.hub.refs import is_hub_source
+
     weights = manifest["resolved_weights"]
     links = []
     for entry in manifest["inputs"]:
-        path = resolve_source(entry["source"], settings, job.tenant_id)
-        config = _read_config(path)
+        source = entry["source"]
+        if is_hub_source(source):
+            location, config = source, _read_config(hub_dirs[source]) if source in hub_dirs else {}
+        else:
+            path = resolve_source(source, settings, job.tenant_id)
+            location, config = str(path), _read_config(path)
         artifact = get_or_create_artifact(
             session,
             tenant=job.tenant_id,
-            location=path,
+            location=location,
             files=entry["files"],
             architecture=config.get("model_type"),
             num_layers=config.get("num_hidden_layers"),
@@ -347,8 +421,9 @@ def _remove_leftovers(out_dir: Path, job_id: str, attempt: int) -> None:
     are not ours to touch (earlier attempts are dead: the reconciler fenced them off)."""
     if not out_dir.parent.is_dir():
         return
-    for stale in out_dir.parent.glob(f".{out_dir.name}.staging-{job_id}-a*-*"):
-        number = stale.name.rsplit("-a", 1)[1].split("-", 1)[0]
+    prefix = f".{out_dir.name}.staging-{job_id}-a"
+    for stale in out_dir.parent.glob(f"{prefix}*-*"):
+        number = stale.name.removeprefix(prefix).split("-", 1)[0]
         if number.isdigit() and int(number) < attempt:
             shutil.rmtree(stale, ignore_errors=True)
     for swapped in out_dir.parent.glob(f".{out_dir.name}.old-*"):

@@ -23,6 +23,7 @@ from worker.engine.errors import (
     RecipeError,
 )
 from worker.engine.recipe import METHODS, recipe_error_from
+from worker.hub.errors import HubError
 
 log = logging.getLogger("layerswap.api")
 BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's words for an undecodable body
@@ -82,6 +83,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def engine_error(_: Request, e: EngineError) -> JSONResponse:
+        if isinstance(e, HubError):  # at submit time: pinning a source to its commit
+            retry = 30 if e.http_status == 503 else None
+            return error_response(e.http_status, e.code, e.message, e.details, retry_after=retry)
         return error_response(ENGINE_STATUS.get(type(e), 422), e.code, e.message, e.details)
 
     @app.exception_handler(RequestValidationError)

@@ -15,9 +15,21 @@ from service.api.deps import Context, ContextDep, TenantDep
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.lineage import get_artifact
-from service.schemas import EventRead, FileRead, JobPage, JobRead, OutputRead, job_read
+from service.schemas import (
+    EventRead,
+    FileRead,
+    JobPage,
+    JobRead,
+    OutputRead,
+    PublishedRead,
+    job_read,
+)
 from service.sources import resolve_source
 from worker.engine.recipe import LayerSwapRecipe, Recipe, recipe_to_dict
+from worker.hub.credentials import token_for
+from worker.hub.errors import HubError
+from worker.hub.pin import PinnedRepo, pin
+from worker.hub.refs import is_hub_source, parse_hub_source, replace_sources
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
 SSE_POLL_S = 0.5
@@ -32,12 +44,18 @@ def read_job(context: Context, job: Job) -> JobRead:
         )
         files = [FileRead(name=n, sha256=s) for n, s in sorted(artifact.files.items())]
         output = OutputRead(
-            artifact_id=artifact.id, name=job.output_name, location=artifact.location, files=files
+            artifact_id=artifact.id,
+            name=job.output_name,
+            location=artifact.location,
+            files=files,
+            published=[PublishedRead(**p) for p in artifact.published or []],
         )
     return job_read(job, output)
 
 
-def check_sources(recipe: Recipe, context: Context, tenant: str) -> None:
+def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[str, str]]:
+    """Local sources must lie under an allowed root; Hub sources are pinned to the commit their
+    revision points at now (the job will read only that commit). Returns the pins."""
     named: list[tuple[str, str]] = []
     if isinstance(recipe, LayerSwapRecipe):
         named += [(f"experts.task.{i}", s) for i, s in enumerate(recipe.experts.task)]
@@ -46,8 +64,31 @@ def check_sources(recipe: Recipe, context: Context, tenant: str) -> None:
         named += [(f"models.{i}", s) for i, s in enumerate(recipe.models)]
     if recipe.base is not None:
         named.append(("base", recipe.base))
+    credentials = context.settings.hub_credentials
+    if recipe.output.hub is not None:
+        token_for(recipe.output.hub.credential, credentials)  # unknown names fail now
+    pins: dict[str, PinnedRepo] = {}
+    sources = []
     for field, source in named:
-        resolve_source(source, context.settings, tenant, field=field)
+        if not is_hub_source(source):
+            resolve_source(source, context.settings, tenant, field=field)
+            continue
+        try:
+            ref = parse_hub_source(source)
+        except ValueError as e:
+            raise InvalidRequest(f"{field}: {e}", details={"field": field}) from None
+        if source not in pins:
+            try:
+                pins[source] = pin(ref, token_for(recipe.credential, credentials))
+            except HubError as e:
+                e.details.setdefault(
+                    "field", "credential" if e.code == "unknown_credential" else field
+                )
+                raise
+        pinned = pins[source]
+        sources.append({"field": field, "source": source, "repo": pinned.repo,
+                        "revision": pinned.revision, "sha": pinned.sha})  # fmt: skip
+    return sources
 
 
 # The README's first request: a layer swap of the example checkpoints (`layerswap examples`).
@@ -70,8 +111,17 @@ def submit_merge(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobRead:
     """Queue a merge. The body is the recipe schema of `layerswap merge`."""
-    check_sources(recipe, context, tenant)
-    new = jobs.NewJob(tenant, "merge", recipe_to_dict(recipe), recipe.output.name, idempotency_key)
+    sources = check_sources(recipe, context, tenant)
+    request = recipe_to_dict(recipe)
+    new = jobs.NewJob(
+        tenant,
+        "merge",
+        replace_sources(request, {s["source"]: f"hf://{s['repo']}@{s['sha']}" for s in sources}),
+        recipe.output.name,
+        idempotency_key,
+        asked=request,
+        sources=sources or None,
+    )
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
         context.executor.dispatch(job.id, job.kind)

@@ -78,6 +78,8 @@ class Job(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Hub sources as asked for and the commit each was pinned to at submit time.
+    sources: Mapped[list[Any] | None] = mapped_column(JSON)
     output_artifact_id: Mapped[str | None] = mapped_column(ForeignKey("artifacts.id"))
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, index=True
@@ -108,6 +110,7 @@ class Artifact(Base):
     files: Mapped[dict[str, Any]] = mapped_column(JSON)  # name -> sha256
     architecture: Mapped[str | None] = mapped_column(String(64))
     num_layers: Mapped[int | None] = mapped_column(Integer)
+    published: Mapped[list[Any] | None] = mapped_column(JSON)  # Hub commits holding it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -23,6 +23,7 @@ from service.db.models import Job, JobEvent
 from tests.service.conftest import Service, postgres_database, running_service
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
+HUB_TOKEN = "hf_worker_secret_token_987654321"  # the API's and the workers' credential "team-a"
 # Short enough that recovery takes seconds, long enough that a loaded machine's live worker
 # (heartbeating every 0.2 s from its own thread) is never taken for dead.
 TIMINGS = {
@@ -167,6 +168,7 @@ def worker_env(settings: Any, broker_url: str) -> dict[str, str]:
         LAYERSWAP_ALLOWED_ROOTS=json.dumps([str(p) for p in settings.allowed_roots]),
         LAYERSWAP_EXECUTOR="celery",
         LAYERSWAP_BROKER_URL=broker_url,
+        LAYERSWAP_HUB_CREDENTIALS=json.dumps({"team-a": HUB_TOKEN}),
         **{f"LAYERSWAP_{k.upper()}": str(v) for k, v in TIMINGS.items()},
     )
     return env
@@ -213,6 +215,7 @@ def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluste
                 executor="celery",
                 broker_url=server.url,
                 allowed_roots=roots,
+                hub_credentials={"team-a": HUB_TOKEN},
                 **TIMINGS,
             ) as service:
                 running = Cluster(service, server, worker_env(service.settings, server.url), logs)

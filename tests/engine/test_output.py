@@ -80,6 +80,7 @@ def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
         "layerswap.json",
+        "README.md",
     }
     assert not list(out.parent.glob(f".{out.name}.*"))
     # config + generation config from the task expert, tokenizer from the language expert
@@ -231,3 +232,23 @@ def test_progress_reports(llama: Family, run_merge: Any, tmp_path: Path) -> None
     assert reports[-1].bytes_done == reports[-1].bytes_total
     done = [r.tensors_done for r in merging]
     assert done == sorted(done)
+
+
+def test_model_card_states_method_inputs_and_layers(llama: Family, run_merge: Any) -> None:
+    import yaml
+
+    result = run_merge(swap_recipe(llama))
+    card = (result.out_dir / "README.md").read_text()
+    _, front_matter, body = card.split("---\n", 2)
+    front = yaml.safe_load(front_matter)
+    assert front["library_name"] == "transformers"
+    assert front["tags"][:3] == ["merge", "layerswap", "layer-swapping"]
+    assert "base_model" not in front  # local inputs are not Hub models
+    manifest = json.loads((result.out_dir / "layerswap.json").read_text())
+    assert manifest["outputs"]["README.md"] == sha256(result.out_dir / "README.md")
+    rows = [line for line in body.splitlines() if line.startswith("| ") and "|---" not in line]
+    layer_rows = [r for r in rows if r.split("|")[1].strip().isdigit() or "non-layer" in r]
+    assert len(layer_rows) == len(manifest["layers"])
+    for entry in manifest["inputs"]:
+        assert f"`{entry['source']}`" in body
+    assert '"bottom"' in body and "layer swapping" in body

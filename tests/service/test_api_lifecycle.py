@@ -289,7 +289,9 @@ def test_jobs_left_running_by_a_dead_process_are_resumed(
                 .values(attempts=1, cancel_requested=True, **{**values, "status": "canceling"})
             )
         name = output_dir(first, orphan).name
-        stale = output_dir(first, orphan).parent / f".{name}.staging-{orphan['id']}-a1-0123abcd"
+        stale = (
+            output_dir(first, orphan).parent / f".{name}.staging-{orphan['id']}-a1-abcd0123"
+        )  # hex may start with a
         stale.mkdir(parents=True)
         (stale / "model-00001-of-00002.safetensors").write_bytes(b"half a shard")
 

@@ -173,8 +173,8 @@ def test_sources_outside_the_allowed_roots_are_422(api: Service, tmp_path: Path)
         "/etc",
         link.name,
         f"{nested.name}/up",
-        "hf://meta-llama/Llama-3-8B",
         "https://example.com/model",
+        "s3://bucket/model",
     ]
     before = job_count(api)
     for source in escapes:

@@ -12,19 +12,21 @@ import shutil
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from worker.engine.digests import file_sha256
 from worker.engine.errors import DeviceError, OutputError
+from worker.engine.model_card import render_card
 from worker.engine.plan import Plan
 from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from worker.engine.progress import CancelCheck, ProgressCallback
 from worker.engine.recipe import Recipe, recipe_to_dict
 
 MANIFEST = "layerswap.json"
+CARD = "README.md"
 ENGINE_VERSION = "1"
 
 
@@ -39,6 +41,9 @@ class MergeOptions:
     # Names this attempt's staging directory, so a retry can tell its own leftovers apart.
     staging_tag: str = ""
     job: dict[str, Any] | None = None  # recorded in the manifest: which job made the output
+    # sha256s known without reading the file (Hub LFS files, of which only the header may be
+    # here when the merge reads none of their tensors)
+    known_digests: dict[Path, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ def execute(
     except OSError as e:
         raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
     with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
-        inputs = pool.submit(_identify_inputs, plan, options.hash_cache)
+        inputs = pool.submit(_identify_inputs, plan, options.hash_cache, options.known_digests)
         try:
             files = stream_shards(
                 plan,
@@ -111,6 +116,10 @@ def execute(
             )
             files.update(_write_side_files(plan, staging, recipe.output.dtype))
             manifest = _manifest(plan, recipe, inputs, files, options.job)
+            card = render_card(manifest, name=recipe.output.name)
+            (staging / CARD).write_text(card, encoding="utf-8")
+            files[CARD] = file_sha256(staging / CARD)
+            manifest["outputs"] = dict(sorted(files.items()))
             files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
         except BaseException:
@@ -183,7 +192,9 @@ def _warn_tokenizer_mismatch(plan: Plan) -> None:
             )
 
 
-def _identify_inputs(plan: Plan, cache: Path | None) -> list[dict[str, Any]]:
+def _identify_inputs(
+    plan: Plan, cache: Path | None, known: dict[Path, str]
+) -> list[dict[str, Any]]:
     identities = []
     for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
         files = sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
@@ -191,7 +202,7 @@ def _identify_inputs(plan: Plan, cache: Path | None) -> list[dict[str, Any]]:
             "label": ref.label,
             "role": ref.role,
             "source": ref.source,
-            "files": {f.name: file_sha256(f, cache) for f in files},
+            "files": {f.name: known.get(f) or file_sha256(f, cache) for f in files},
         })  # fmt: skip
     return identities
 

@@ -23,7 +23,23 @@ from pydantic import (
 
 from worker.engine.errors import RecipeError
 
-Source = Annotated[str, Field(min_length=1, description="checkpoint: a directory path")]
+Source = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="checkpoint: a directory path, or a Hub repository hf://org/name[@revision]",
+    ),
+]
+HUB_REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+CREDENTIAL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Credential = Annotated[
+    str | None,
+    Field(
+        None,
+        pattern=CREDENTIAL_PATTERN,
+        description="name of a Hub credential configured where the merge runs (never a token)",
+    ),
+]
 Weights = Literal["uniform", "magnitude"] | list[float]
 
 
@@ -46,6 +62,13 @@ def parse_size(value: int | str) -> int:
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
 
 
+class HubDestination(_Strict):
+    repo: str = Field(pattern=HUB_REPO_PATTERN, description="org/name; created if missing")
+    private: bool = True
+    branch: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    credential: Credential = None
+
+
 class OutputOptions(_Strict):
     name: str | None = Field(
         None,
@@ -54,6 +77,7 @@ class OutputOptions(_Strict):
     )
     dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
     shard_size: int | str = Field("5GB", description="largest shard, e.g. 5GB, 500MB, 1GiB")
+    hub: HubDestination | None = Field(None, description="also publish the output to the Hub")
 
     @field_validator("shard_size")
     @classmethod
@@ -99,6 +123,7 @@ class LayerSwapRecipe(_Strict):
     experts: Experts
     params: LayerSwapParams = LayerSwapParams()
     output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
 
     @model_validator(mode="after")
     def _needs_base(self) -> Self:
@@ -130,6 +155,7 @@ class SoupRecipe(_Strict):
     models: list[Source] = Field(min_length=2)
     params: SoupParams = SoupParams()
     output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -151,6 +177,7 @@ class TaskArithmeticRecipe(_Strict):
     models: list[Source] = Field(min_length=1)
     params: TaskArithmeticParams = TaskArithmeticParams()
     output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -172,6 +199,7 @@ class TiesRecipe(_Strict):
     models: list[Source] = Field(min_length=1)
     params: TiesParams = TiesParams()
     output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

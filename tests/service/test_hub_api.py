@@ -1,0 +1,550 @@
+"""Hub sources and destinations through the API, against the suite's Hub-compatible server
+(tests/hub/server.py) with the real huggingface_hub client: pinning at submit, partial fetches,
+publishing with a model card, idempotent commits, every error, and no token anywhere."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from sqlalchemy import select, text
+
+from service.db.models import Artifact, Job, JobEvent
+from tests.reference import load
+from tests.service.conftest import Service, running_service
+from tests.service.test_api_lifecycle import HeldExecutor
+from worker.pipeline import run_job
+
+TOKEN = "hf_team_a_secret_token_0123456789"
+LAYERS = 6
+
+
+@pytest.fixture(scope="session")
+def sharded_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/math/swh with one shard per layer or so, so a layer swap needs only some."""
+    from worker.examples import MATH_SCALE, SWH_SCALE, make_checkpoint
+
+    root = tmp_path_factory.mktemp("sharded")
+    base = make_checkpoint(root / "base", layers=LAYERS, seed=0, shard_size="80KB")
+    for name, seed, scale in (("math", 1, MATH_SCALE), ("swh", 2, SWH_SCALE)):
+        make_checkpoint(
+            root / name, base=base, seed=seed, layer_scale=scale, shard_size="80KB"
+        )  # fmt: skip
+    return root
+
+
+def upload(hub: Any, repo: str, directory: Path, **create: Any) -> str:
+    hub.create_repo(repo, **create)
+    files = {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+    return str(hub.commit(repo, files, message=f"upload {directory.name}"))
+
+
+@pytest.fixture
+def experts(hub: Any, sharded_family: Path) -> dict[str, str]:
+    """org/math and org/swh public; team-a/private-math private; org/gated gated."""
+    hub.add_token(TOKEN, user="team-a", read=["team-a/*"], write=["team-a/*"])
+    return {
+        "math": upload(hub, "org/math", sharded_family / "math"),
+        "swh": upload(hub, "org/swh", sharded_family / "swh"),
+        "private": upload(hub, "team-a/private-math", sharded_family / "math", private=True),
+        "gated": upload(hub, "org/gated", sharded_family / "math", gated=True),
+    }
+
+
+@pytest.fixture
+def service(tmp_path: Path, examples: Path) -> Iterator[Service]:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, hub_credentials={"team-a": TOKEN}) as running:
+        yield running
+
+
+def swap(
+    task: str = "hf://org/math@main", language: str = "hf://org/swh", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "method": "layer_swap",
+        "experts": {"task": [task], "language": [language]},
+        "params": {"bottom": 1, "top": 1, "non_layer": "language"},
+        **extra,
+    }
+
+
+def to_hub(repo: str = "team-a/merged", **extra: Any) -> dict[str, Any]:
+    return {"name": "merged", "hub": {"repo": repo, "credential": "team-a", **extra}}
+
+
+# --- end to end ---------------------------------------------------------------------------
+
+
+def test_layer_swap_from_the_hub_to_the_hub(
+    service: Service, hub: Any, experts: dict[str, str], sharded_family: Path, tmp_path: Path
+) -> None:
+    job = service.submit(swap(output=to_hub()))
+    assert [(s["repo"], s["revision"], s["sha"]) for s in job["sources"]] == [
+        ("org/math", "main", experts["math"]),
+        ("org/swh", "main", experts["swh"]),
+    ]
+    assert job["request"]["experts"]["task"] == [f"hf://org/math@{experts['math']}"]
+
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+
+    # One commit on the destination, naming the job, holding exactly the local output.
+    commits = hub.commits("team-a/merged")
+    assert len(commits) == 2  # the repository's initial commit, then ours
+    assert job["id"] in commits[0].title
+    published = done["output"]["published"]
+    assert published == [done["result"]["published"]]
+    assert published[0]["commit"] == commits[0].oid == hub.head("team-a/merged")
+    remote = hub.files("team-a/merged")
+    out_dir = service.settings.artifacts_dir / "default" / "merged"
+    local = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local
+
+    # The merged tensors are the layer swap of the experts' tensors (independent reference).
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    for name, data in remote.items():
+        (pulled / name).write_bytes(data)
+    merged, math, swh = load(pulled), load(sharded_family / "math"), load(sharded_family / "swh")
+    for name, tensor in merged.items():
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        source = math if layer is not None and 1 <= layer < LAYERS - 1 else swh
+        assert torch.equal(tensor, source[name]), name
+
+    # It loads with transformers and runs.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(pulled))
+    logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
+
+    # The card: front matter with the inputs, a body with the commits and per-layer table.
+    _, front_matter, body = remote["README.md"].decode().split("---\n", 2)
+    front = yaml.safe_load(front_matter)
+    assert front["base_model"] == ["org/math", "org/swh"]
+    assert front["base_model_relation"] == "merge"
+    assert {"merge", "layer-swapping"} <= set(front["tags"])
+    assert front["library_name"] == "transformers"
+    assert experts["math"] in body and experts["swh"] in body
+    assert body.count("| transition") + body.count("| task") + body.count("| language") >= LAYERS
+    manifest = json.loads(remote["layerswap.json"])
+    assert manifest["job"]["id"] == job["id"]
+    assert {i["source"] for i in manifest["inputs"]} == {
+        f"hf://org/math@{experts['math']}",
+        f"hf://org/swh@{experts['swh']}",
+    }
+
+    # Lineage shows the pinned inputs.
+    lineage = service.client.get(
+        f"/v1/artifacts/{done['output']['artifact_id']}/lineage", params={"direction": "ancestors"}
+    ).json()
+    locations = {a["location"] for a in lineage["artifacts"]}
+    assert f"hf://org/math@{experts['math']}" in locations
+    assert f"hf://org/swh@{experts['swh']}" in locations
+    artifact = service.client.get(f"/v1/artifacts/{done['output']['artifact_id']}").json()
+    assert artifact["published"] == published
+
+    # Download progress was part of the job's progress.
+    events = service.client.get(f"/v1/merges/{job['id']}/events").json()
+    assert any(e["type"] == "progress" and e["data"]["stage"] == "downloading" for e in events)
+
+
+def test_only_the_shards_a_layer_swap_reads_are_downloaded(
+    service: Service, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    done = service.wait(service.submit(swap())["id"])
+    assert done["status"] == "succeeded", done["error"]
+    for repo, expert in (("org/math", "math"), ("org/swh", "swh")):
+        shards = sorted(p for p in (sharded_family / expert).glob("*.safetensors"))
+        full = [p.name for p in shards if hub.bytes_served(repo, p.name) >= p.stat().st_size]
+        headers_only = [p.name for p in shards if p.name not in full]
+        assert full and headers_only, (repo, full)
+        for name in headers_only:  # only the header was read: a few KB of a larger file
+            size = (sharded_family / expert / name).stat().st_size
+            assert hub.bytes_served(repo, name) < size / 4, name
+        assert hub.bytes_served(repo, "config.json") > 0
+    # About half of each expert: the task expert's middle layers, the language expert's ends.
+    total = sum(
+        p.stat().st_size
+        for e in ("math", "swh")
+        for p in (sharded_family / e).glob("*.safetensors")
+    )
+    fetched = sum(
+        hub.bytes_served(repo, p.name)
+        for repo, e in (("org/math", "math"), ("org/swh", "swh"))
+        for p in (sharded_family / e).glob("*.safetensors")
+    )
+    assert fetched < 0.75 * total
+
+
+def test_a_second_job_reuses_the_cache(service: Service, hub: Any, experts: dict[str, str]) -> None:
+    assert service.wait(service.submit(swap())["id"])["status"] == "succeeded"
+    hub.clear_requests()
+    assert service.wait(service.submit(swap())["id"])["status"] == "succeeded"
+    downloads = [r for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    assert downloads == [], [r.path for r in downloads]
+
+
+def test_a_branch_moved_after_submit_changes_nothing(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, job_executor=HeldExecutor()) as service:
+        job = service.submit(swap())
+        # main moves on: new weights in every shard of org/math
+        moved = {
+            p.name: p.read_bytes()[:-2] + b"\x00\x00"
+            for p in (sharded_family / "swh").glob("*.safetensors")
+        }
+        hub.commit("org/math", moved, message="retrained")
+        assert hub.head("org/math") != experts["math"]
+        run_job(job["id"], db=service.db, settings=service.settings)
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    out_dir = service.settings.artifacts_dir / "default" / done["output"]["name"]
+    merged, math = load(out_dir), load(sharded_family / "math")
+    assert torch.equal(
+        merged["model.layers.2.mlp.up_proj.weight"], math["model.layers.2.mlp.up_proj.weight"]
+    )
+    manifest = json.loads((out_dir / "layerswap.json").read_text())
+    assert manifest["inputs"][0]["source"] == f"hf://org/math@{experts['math']}"
+
+
+# --- private and gated, credentials, and no token anywhere ----------------------------------
+
+
+def test_private_sources_need_the_named_credential(
+    service: Service, experts: dict[str, str]
+) -> None:
+    private = "hf://team-a/private-math"
+    refused = service.client.post("/v1/merges", json=swap(task=private))
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "hub_repo_not_found"
+    job = service.submit(swap(task=private, credential="team-a"))
+    assert service.wait(job["id"])["status"] == "succeeded"
+
+
+def test_gated_sources_without_access_are_refused(
+    service: Service, experts: dict[str, str]
+) -> None:
+    response = service.client.post(
+        "/v1/merges", json=swap(task="hf://org/gated", credential="team-a")
+    )
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "hub_gated"
+
+
+def test_unknown_credential_names_are_refused(service: Service, experts: dict[str, str]) -> None:
+    for body in (swap(credential="nobody"), swap(output=to_hub(credential="nobody"))):
+        response = service.client.post("/v1/merges", json=body)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["code"] == "unknown_credential" and "nobody" in error["message"]
+        assert TOKEN not in response.text
+
+
+def test_the_token_appears_nowhere(
+    service: Service, hub: Any, experts: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    hub.fail_commits(1, mode="lost_response")  # an error path too, with its log lines
+    job = service.submit(
+        swap(task="hf://team-a/private-math", credential="team-a", output=to_hub())
+    )
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert any(r.token == TOKEN for r in hub.requests), "the credential was used"
+    seen = [service.client.get(f"/v1/merges/{job['id']}").text]
+    seen.append(service.client.get(f"/v1/merges/{job['id']}/events").text)
+    seen.append(service.client.get("/v1/merges").text)
+    seen.append(service.client.get(f"/v1/artifacts/{done['output']['artifact_id']}/lineage").text)
+    seen += [r.getMessage() for r in caplog.records]
+    with service.db.session() as session:
+        for table in ("jobs", "job_events", "artifacts", "lineage_edges", "tenants", "api_keys"):
+            seen += [repr(tuple(row)) for row in session.execute(text(f"SELECT * FROM {table}"))]
+    out_dir = service.settings.artifacts_dir / "default" / "merged"
+    seen += [p.read_text(errors="replace") for p in out_dir.iterdir() if p.suffix != ".safetensors"]
+    leaks = [s for s in seen if TOKEN in s]
+    assert not leaks, leaks[:1]
+
+
+# --- errors at submit ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "status", "code"),
+    [
+        ("hf://org/nothing-here", 422, "hub_repo_not_found"),
+        ("hf://org/math@no-such-branch", 422, "hub_revision_not_found"),
+        ("hf://org/math@" + "0" * 40, 422, "hub_revision_not_found"),
+        ("hf://org", 422, "invalid_request"),
+        ("hf://org/math@", 422, "invalid_request"),
+    ],
+)
+def test_submit_time_errors(
+    service: Service, experts: dict[str, str], task: str, status: int, code: str
+) -> None:
+    response = service.client.post("/v1/merges", json=swap(task=task))
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert error["details"]["field"] == "experts.task.0"
+    with service.db.session() as session:
+        assert session.scalars(select(Job)).all() == []  # nothing queued
+
+
+def test_pickle_only_repositories_are_refused_with_advice(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    hub.create_repo("org/pickled")
+    hub.commit("org/pickled", {"config.json": b"{}", "pytorch_model.bin": b"\x80\x02" + b"0" * 64})
+    response = service.client.post("/v1/merges", json=swap(task="hf://org/pickled"))
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "hub_not_safetensors"
+    assert "pytorch_model.bin" in error["message"] and "safetensors" in error["message"]
+
+
+def test_hub_down_at_submit_is_503_and_rate_limits_are_503(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    hub.rate_limit(1)
+    limited = service.client.post("/v1/merges", json=swap())
+    assert limited.status_code == 503 and limited.json()["error"]["code"] == "hub_rate_limited"
+    assert "Retry-After" in limited.headers
+    hub.stop()
+    try:
+        down = service.client.post("/v1/merges", json=swap())
+    finally:
+        hub.start()
+    assert down.status_code == 503 and down.json()["error"]["code"] == "hub_unavailable"
+    assert "Retry-After" in down.headers
+    assert service.client.post("/v1/merges", json=swap()).status_code == 202
+
+
+# --- errors while the job runs ------------------------------------------------------------
+
+
+def held_job(tmp_path: Path, examples: Path, body: dict[str, Any]) -> Any:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    return running_service(
+        tmp_path, url, examples, job_executor=HeldExecutor(), hub_credentials={"team-a": TOKEN}
+    )
+
+
+def test_rate_limits_during_the_job_are_retried(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap())
+        hub.rate_limit(3)
+        run_job(job["id"], db=service.db, settings=service.settings)
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    assert sum(r.status == 429 for r in hub.requests) == 3
+
+
+def test_a_file_missing_from_the_commit_fails_the_job(
+    tmp_path: Path, examples: Path, hub: Any, sharded_family: Path
+) -> None:
+    """The index names a shard the repository does not hold."""
+    files = {p.name: p.read_bytes() for p in (sharded_family / "math").iterdir()}
+    shard = sorted(n for n in files if n.endswith(".safetensors"))[0]
+    del files[shard]
+    hub.create_repo("org/broken")
+    hub.commit("org/broken", files)
+    upload(hub, "org/swh", sharded_family / "swh")
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap(task="hf://org/broken"))
+        run_job(job["id"], db=service.db, settings=service.settings)
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "hub_file_missing"
+    assert shard in done["error"]["message"]
+
+
+def test_the_hub_going_away_fails_the_job_clearly(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap(output=to_hub()))
+        hub.stop()
+        try:
+            run_job(job["id"], db=service.db, settings=service.settings)
+        finally:
+            hub.start()
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "hub_unavailable"
+    assert not any("team-a/merged" in r.path for r in hub.requests)  # never touched
+
+
+# --- publishing ---------------------------------------------------------------------------
+
+
+def test_a_job_failing_before_publishing_leaves_the_destination_untouched(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    body = swap(output=to_hub())
+    body["params"]["bottom"] = LAYERS  # more layers than the model has: fails at plan time
+    done = service.wait(service.submit(body)["id"])
+    assert done["status"] == "failed"
+    assert not any("team-a/merged" in r.path for r in hub.requests)
+
+
+def test_a_lost_commit_response_does_not_make_a_second_commit(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    hub.fail_commits(1, mode="lost_response")  # committed, but the client hears nothing
+    done = service.wait(service.submit(swap(output=to_hub()))["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert len(hub.commits("team-a/merged")) == 2
+    assert done["output"]["published"][0]["commit"] == hub.head("team-a/merged")
+
+
+def test_a_cut_upload_is_resumed_into_one_commit(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    hub.fail_uploads(2, mode="drop")
+    done = service.wait(service.submit(swap(output=to_hub()))["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert len(hub.commits("team-a/merged")) == 2
+
+
+def test_a_retried_job_does_not_commit_twice(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    """Attempt 1 published (committed) and died before recording: attempt 2 adopts the local
+    output and finds the commit already there."""
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap(output=to_hub()))
+        run_job(job["id"], db=service.db, settings=service.settings)
+        first = service.client.get(f"/v1/merges/{job['id']}").json()
+        assert first["status"] == "succeeded", first["error"]
+        with service.db.session() as session:  # as if the success had never been recorded
+            row = session.get(Job, job["id"])
+            assert row is not None
+            row.status, row.output_artifact_id, row.result = "queued", None, None
+            session.execute(text("DELETE FROM lineage_edges"))
+            for event in session.scalars(select(JobEvent).where(JobEvent.type == "succeeded")):
+                session.delete(event)
+            for artifact in session.scalars(select(Artifact)):
+                session.delete(artifact)
+        run_job(job["id"], db=service.db, settings=service.settings)
+        second = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert second["status"] == "succeeded" and second["attempts"] == 2
+    assert len(hub.commits("team-a/merged")) == 2
+    assert second["output"]["published"][0]["commit"] == first["output"]["published"][0]["commit"]
+
+
+# --- the command line takes the same sources and destinations ------------------------------
+
+
+def cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "layerswap"), *args],
+        cwd=tmp_path,
+        env={**os.environ, "LAYERSWAP_CACHE_DIR": str(tmp_path / "cache"), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_merges_from_and_publishes_to_the_hub(
+    tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    recipe = swap(credential="team-a", output=to_hub("team-a/from-cli"))
+    recipe["output"].pop("name")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    credentials = json.dumps({"team-a": TOKEN})
+
+    planned = cli(tmp_path, "merge", "recipe.yaml", "--out", "out", "--dry-run",
+                  LAYERSWAP_HUB_CREDENTIALS=credentials)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert "language" in planned.stdout and not (tmp_path / "out").exists()
+    shards = [p.name for p in (sharded_family / "math").glob("*.safetensors")]
+    size = {n: (sharded_family / "math" / n).stat().st_size for n in shards}
+    assert all(hub.bytes_served("org/math", n) < size[n] / 4 for n in shards), "headers only"
+
+    merged = cli(tmp_path, "merge", "recipe.yaml", "--out", "out", "-q",
+                 LAYERSWAP_HUB_CREDENTIALS=credentials)  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    assert f"org/math@main -> commit {experts['math']}" in merged.stderr
+    assert "published to" in merged.stdout
+    assert TOKEN not in merged.stdout + merged.stderr
+    remote = hub.files("team-a/from-cli")
+    local = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local
+
+    again = cli(tmp_path, "merge", "recipe.yaml", "--out", "out", "-q", "--overwrite",
+                LAYERSWAP_HUB_CREDENTIALS=credentials)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert len(hub.commits("team-a/from-cli")) == 2, "the same output is not committed twice"
+
+
+def test_cli_hub_errors_are_one_line(tmp_path: Path, hub: Any, experts: dict[str, str]) -> None:
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(swap(task="hf://org/missing")))
+    result = cli(tmp_path, "merge", "recipe.yaml", "--out", "out")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "layerswap: error [hub_repo_not_found]: hf://org/missing@main: repository not found "
+        "(or private, and the credential cannot see it)"
+    ]
+
+
+def test_concurrent_fetches_download_each_file_once(
+    tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    import threading
+
+    from worker.engine.recipe import parse_recipe
+    from worker.hub.fetch import fetch_inputs
+    from worker.hub.pin import pin_recipe
+
+    recipe, _ = pin_recipe(parse_recipe(swap()), None)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def fetch() -> None:
+        try:
+            barrier.wait(timeout=30)
+            results.append(
+                fetch_inputs(recipe, cache_dir=tmp_path / "cache", token=None, local=Path)
+            )
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    for repo, expert in (("org/math", "math"), ("org/swh", "swh")):
+        for shard in (sharded_family / expert).glob("*.safetensors"):
+            served, size = hub.bytes_served(repo, shard.name), shard.stat().st_size
+            header = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+            # the header once (the first fetch of it), then the whole file at most once
+            assert served in (header, header + size), (repo, shard.name, served, size)
+    for fetched in results:
+        for source, view in fetched.directories.items():
+            for name in fetched.downloaded:
+                repo, _, file = name.rpartition("/")
+                if source.startswith(f"hf://{repo}@"):
+                    expert = "math" if "math" in repo else "swh"
+                    assert (view / file).read_bytes() == (
+                        sharded_family / expert / file
+                    ).read_bytes()
+        fetched.close()

@@ -1,0 +1,101 @@
+"""Hub failures as engine errors (a stable code each), and the one place that maps the
+huggingface_hub client's exceptions onto them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from worker.engine.errors import EngineError
+
+
+class HubError(EngineError):
+    code = "hub_error"
+    http_status = 502  # what the API answers when this happens at submit time
+
+
+class HubRepoNotFound(HubError):
+    code = "hub_repo_not_found"
+    http_status = 422
+
+
+class HubRevisionNotFound(HubError):
+    code = "hub_revision_not_found"
+    http_status = 422
+
+
+class HubFileMissing(HubError):
+    code = "hub_file_missing"
+    http_status = 422
+
+
+class HubGated(HubError):
+    code = "hub_gated"
+    http_status = 403
+
+
+class HubUnauthorized(HubError):
+    code = "hub_unauthorized"
+    http_status = 403
+
+
+class HubRateLimited(HubError):
+    code = "hub_rate_limited"
+    http_status = 503
+
+
+class HubUnavailable(HubError):
+    code = "hub_unavailable"
+    http_status = 503
+
+
+class HubNotSafetensors(HubError):
+    code = "hub_not_safetensors"
+    http_status = 422
+
+
+class UnknownCredential(HubError):
+    code = "unknown_credential"
+    http_status = 422
+
+
+@contextmanager
+def hub_errors(what: str) -> Iterator[None]:
+    """Translate the client's exceptions raised inside into HubErrors about `what` (a repo, a
+    file). The client's messages can be long and name URLs; ours are short and never hold a
+    token (the client never puts one in a message)."""
+    from huggingface_hub import errors as hf
+
+    unreachable: tuple[type[BaseException], ...] = (OSError, *_transport_errors())
+    try:
+        yield
+    except hf.GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
+        raise HubGated(f"{what}: gated repository; the credential has no access to it") from None
+    except hf.RepositoryNotFoundError:
+        raise HubRepoNotFound(
+            f"{what}: repository not found (or private, and the credential cannot see it)"
+        ) from None
+    except hf.RevisionNotFoundError:
+        raise HubRevisionNotFound(f"{what}: revision not found") from None
+    except hf.EntryNotFoundError:
+        raise HubFileMissing(f"{what}: file not found in the repository") from None
+    except hf.HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else None
+        if status == 429:
+            raise HubRateLimited(f"{what}: rate limited by the Hub; try again later") from None
+        if status in (401, 403):
+            raise HubUnauthorized(f"{what}: the credential is not allowed to do this") from None
+        raise HubUnavailable(f"{what}: the Hub answered HTTP {status}") from None
+    except unreachable as e:
+        raise HubUnavailable(f"{what}: the Hub is unreachable ({type(e).__name__})") from None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The client's HTTP library's errors (httpx2 in huggingface_hub 2.x)."""
+    found: list[type[BaseException]] = []
+    for module in ("httpx2", "httpx"):
+        try:
+            found.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)

@@ -1,0 +1,317 @@
+"""Fetch what a merge needs from the Hub, and nothing else.
+
+1. Small files (configs, index, tokenizer) are downloaded whole.
+2. Every safetensors shard is first present only as its header: the first 8 + N bytes, read
+   with Range requests, in a sparse file of the shard's full size. The engine can open and plan
+   with it (it reads headers only to plan).
+3. The plan says which tensors each input contributes; only the shards holding them are
+   downloaded. For a layer swap without transitions that is about half of each expert.
+
+Downloads go through huggingface_hub into a cache keyed by commit sha (its file locks make
+concurrent jobs fetching the same file safe, and each file is stored once); header files are
+written to a temporary name and renamed. Each job sees its inputs through a private directory
+of symlinks, removed when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from filelock import FileLock
+
+from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from worker.engine.errors import MergeCanceled
+from worker.engine.planner import Resolver, make_plan
+from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe
+from worker.hub.errors import HubError, HubFileMissing, HubRateLimited, HubUnavailable, hub_errors
+from worker.hub.pin import PinnedRepo, pin
+from worker.hub.refs import is_hub_source, parse_hub_source
+
+RETRIES = 4  # tries of one request when the Hub rate-limits us or is briefly unreachable
+BACKOFF_S = 0.5  # doubled after each try; a Retry-After from the Hub is honoured by the client
+log = logging.getLogger("layerswap.hub")
+SIDE_FILES = frozenset({"config.json", INDEX_FILE, *EXTRA_CONFIG_FILES, *TOKENIZER_FILES})
+MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+
+ProgressSink = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class FetchedInputs:
+    """Where the engine finds each Hub source, and the sha256s it need not compute."""
+
+    directories: dict[str, Path] = field(default_factory=dict)
+    digests: dict[Path, str] = field(default_factory=dict)
+    pins: dict[str, PinnedRepo] = field(default_factory=dict)
+    downloaded: list[str] = field(default_factory=list)  # "repo/file", for the curious
+    root: Path | None = None
+
+    def resolver(self, local: Resolver) -> Resolver:
+        return lambda source: self.directories[source] if is_hub_source(source) else local(source)
+
+    def close(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def hub_sources(recipe: Recipe) -> list[str]:
+    if isinstance(recipe, LayerSwapRecipe):
+        named = [*recipe.experts.task, *recipe.experts.language]
+    else:
+        named = list(recipe.models)
+    if recipe.base is not None:
+        named.append(recipe.base)
+    return list(dict.fromkeys(s for s in named if is_hub_source(s)))
+
+
+def fetch_inputs(
+    recipe: Recipe,
+    *,
+    cache_dir: Path,
+    token: str | None,
+    local: Resolver,
+    on_progress: ProgressSink | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    headers_only: bool = False,
+) -> FetchedInputs:
+    """Make every hf:// source of `recipe` (pinned to a commit sha) a local directory holding
+    what the merge reads (`headers_only`: enough to plan, no weights). The caller closes the
+    result when the merge is over."""
+    root = cache_dir / "views" / uuid.uuid4().hex
+    fetched = FetchedInputs(root=root)
+    meter = _Meter(on_progress, should_cancel)
+    try:
+        for source in hub_sources(recipe):
+            ref = parse_hub_source(source)
+            if not ref.pinned:
+                raise HubError(f"{source}: not pinned to a commit sha")
+            fetched.pins[source] = pinned = _retrying(partial(pin, ref, token))
+            view = root / str(len(fetched.directories))
+            view.mkdir(parents=True)
+            fetched.directories[source] = view
+            side = [n for n in pinned.files if n in SIDE_FILES]
+            meter.total += sum(pinned.files[n].size for n in side)
+            for name in side:
+                _link(view / name, _download(pinned, name, cache_dir, token, meter))
+            _check_index(pinned, view)
+            for name in pinned.weight_files:
+                _link(view / name, _header_file(pinned, name, cache_dir, token))
+                if sha := pinned.files[name].sha256:
+                    fetched.digests[view / name] = sha
+        if headers_only:
+            return fetched
+        needed = _needed_shards(recipe, fetched, local)
+        meter.total += sum(
+            fetched.pins[s].files[n].size for s, names in needed.items() for n in names
+        )
+        for source, names in needed.items():
+            pinned = fetched.pins[source]
+            for name in sorted(names):
+                path = _download(pinned, name, cache_dir, token, meter)
+                _link(fetched.directories[source] / name, path)
+                fetched.downloaded.append(f"{pinned.repo}/{name}")
+        meter.report()
+    except BaseException:
+        fetched.close()
+        raise
+    return fetched
+
+
+def _check_index(pinned: PinnedRepo, view: Path) -> None:
+    """Every shard the index names must be in the commit (else the engine would see a
+    missing file and blame the checkpoint)."""
+    index = view / INDEX_FILE
+    if not index.exists():
+        return
+    try:
+        names = set(json.loads(index.read_text()).get("weight_map", {}).values())
+    except (ValueError, AttributeError):
+        return  # a malformed index: the engine says what is wrong with it
+    if missing := sorted(n for n in names if isinstance(n, str) and n not in pinned.files):
+        raise HubFileMissing(
+            f"hf://{pinned.repo}@{pinned.sha}: {', '.join(missing[:3])} listed in {INDEX_FILE} "
+            "but not in the repository"
+        )
+
+
+def _needed_shards(recipe: Recipe, fetched: FetchedInputs, local: Resolver) -> dict[str, set[str]]:
+    """Per Hub source, the shards holding a tensor the merge reads (all of them when the
+    recipe weighs inputs by magnitude: planning then reads the weights themselves)."""
+    if _plans_with_data(recipe):
+        return {s: set(p.weight_files) for s, p in fetched.pins.items()}
+    plan = make_plan(recipe, resolve=fetched.resolver(local))
+    try:
+        by_input: dict[int, set[str]] = {}
+        for tensor in plan.tensors:
+            sources = {term.source for term in tensor.terms}
+            if tensor.op == "ties" and plan.ties is not None:
+                sources.add(plan.ties.base)
+            for index in sources:
+                info = plan.checkpoints[index].tensors[tensor.name]
+                by_input.setdefault(index, set()).add(info.file.name)
+        needed: dict[str, set[str]] = {}
+        for index, ref in enumerate(plan.inputs):
+            if ref.source in fetched.pins:
+                needed.setdefault(ref.source, set()).update(by_input.get(index, set()))
+        return needed
+    finally:
+        plan.close()
+
+
+def _plans_with_data(recipe: Recipe) -> bool:
+    if isinstance(recipe, LayerSwapRecipe):
+        p = recipe.params
+        return "magnitude" in (p.expert_soup, p.transition_weights)
+    return isinstance(recipe, SoupRecipe) and recipe.params.weights == "magnitude"
+
+
+def _link(link: Path, target: Path) -> None:
+    tmp = link.with_name(f".{link.name}.{uuid.uuid4().hex[:8]}")
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+T = TypeVar("T")
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    """`call`, tried again with exponential backoff while the Hub rate-limits or is away."""
+    pause = BACKOFF_S
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return call()
+        except (HubRateLimited, HubUnavailable) as e:
+            if attempt == RETRIES:
+                raise
+            log.warning("%s; retrying in %.1f s", e.message, pause)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _download(
+    pinned: PinnedRepo, name: str, cache_dir: Path, token: str | None, meter: _Meter
+) -> Path:
+    """The whole file, from the client's cache (keyed by commit sha) or downloaded into it."""
+    from huggingface_hub import hf_hub_download
+
+    def once() -> Path:
+        meter.check()
+        with hub_errors(f"hf://{pinned.repo}@{pinned.sha}/{name}"):
+            path = hf_hub_download(
+                pinned.repo,
+                name,
+                revision=pinned.sha,
+                cache_dir=cache_dir / "files",
+                token=token or False,
+                tqdm_class=meter.tqdm_class(),
+            )
+        return Path(str(path))
+
+    return _retrying(once)
+
+
+def _header_file(pinned: PinnedRepo, name: str, cache_dir: Path, token: str | None) -> Path:
+    """The shard's header in a sparse file of the shard's size (cached per commit)."""
+    path = cache_dir / "headers" / pinned.repo / pinned.sha / name
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):  # concurrent jobs: one fetches, the others reuse
+        if not path.is_file():
+            _write_header_file(pinned, name, token, path)
+    return path
+
+
+def _write_header_file(pinned: PinnedRepo, name: str, token: str | None, path: Path) -> None:
+    where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
+    size = pinned.files[name].size
+    length = int.from_bytes(_read_range(pinned, name, token, 0, 7), "little")
+    if not 0 < length <= min(MAX_HEADER, size - 8):
+        raise HubError(f"{where}: not a safetensors file (header length {length})")
+    header = _read_range(pinned, name, token, 8, 8 + length - 1)
+    tmp = path.with_name(f".{name}.{uuid.uuid4().hex[:8]}")
+    with tmp.open("wb") as f:
+        f.write(length.to_bytes(8, "little") + header)
+        f.truncate(size)  # sparse: the data is never read from here
+    os.replace(tmp, path)
+
+
+def _read_range(pinned: PinnedRepo, name: str, token: str | None, first: int, last: int) -> bytes:
+    return _retrying(lambda: _read_range_once(pinned, name, token, first, last))
+
+
+def _read_range_once(
+    pinned: PinnedRepo, name: str, token: str | None, first: int, last: int
+) -> bytes:
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
+    with hub_errors(where):
+        headers = build_hf_headers(token=token or False)
+        headers["Range"] = f"bytes={first}-{last}"
+        response = get_session().get(
+            hf_hub_url(pinned.repo, name, revision=pinned.sha),
+            headers=headers,
+            follow_redirects=True,
+        )
+        hf_raise_for_status(response)
+    data = bytes(response.content)
+    if len(data) != last - first + 1:
+        raise HubError(
+            f"{where}: the Hub sent {len(data)} bytes for a {last - first + 1}-byte range"
+        )
+    return data
+
+
+class _Meter:
+    """Download progress across files, at most every 0.2 s, and the cancel check."""
+
+    def __init__(self, sink: ProgressSink | None, should_cancel: Callable[[], bool] | None) -> None:
+        self.sink, self.should_cancel = sink, should_cancel
+        self.done = self.total = 0
+        self._reported = 0.0
+
+    def check(self) -> None:
+        if self.should_cancel is not None and self.should_cancel():
+            raise MergeCanceled("canceled while downloading")
+
+    def add(self, n: int) -> None:
+        self.done += n
+        self.check()
+        if time.monotonic() - self._reported >= 0.2:
+            self.report()
+
+    def report(self) -> None:
+        self._reported = time.monotonic()
+        if self.sink is not None:
+            self.sink(min(self.done, self.total), self.total)
+
+    def tqdm_class(self) -> Any:
+        from tqdm.auto import tqdm
+
+        meter = self
+
+        class Counting(tqdm):  # type: ignore[misc, type-arg]
+            """The client's progress bar, silent, counting into the job's progress."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs["disable"] = True
+                super().__init__(*args, **kwargs)
+
+            def update(self, n: float | None = 1) -> bool | None:
+                meter.add(int(n or 0))
+                return None
+
+        return Counting

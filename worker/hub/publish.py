@@ -1,0 +1,128 @@
+"""Publish a merge output to a Hub repository: one commit, exactly once.
+
+The output directory is complete and immutable by the time it is published (the merge renamed
+it into place). Publishing first looks at the destination branch: if its head already holds
+exactly these files (a previous attempt committed, then died before recording it, or the
+response was lost), that commit is the result and nothing is pushed. Otherwise one commit is
+made with `parent_commit` = the head seen, so a concurrent writer is detected rather than
+overwritten. LFS uploads that were cut off are resumed by the next try: the Hub keeps what it
+already has, and nothing is visible until the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.engine.recipe import HubDestination
+from worker.hub.errors import HubError, HubRateLimited, HubUnavailable, hub_errors
+
+log = logging.getLogger("layerswap.hub")
+ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class Published:
+    repo: str
+    branch: str
+    commit: str
+    url: str
+    created: bool  # False when an earlier attempt's commit was found and reused
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repo": self.repo, "branch": self.branch, "commit": self.commit, "url": self.url}
+
+
+def publish(
+    out_dir: Path,
+    dest: HubDestination,
+    *,
+    token: str | None,
+    job_id: str,
+    digests: dict[str, str] | None = None,
+) -> Published:
+    """Commit every file of `out_dir` to `dest` (creating the repository and branch if
+    needed). Transient failures are retried; each retry starts by checking the branch head."""
+    pause = 1.0
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return _publish_once(out_dir, dest, token=token, job_id=job_id, digests=digests or {})
+        except (HubUnavailable, HubRateLimited) as e:
+            if attempt == ATTEMPTS:
+                raise
+            log.warning("publishing job %s: %s; retrying in %.0f s", job_id, e.message, pause)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _publish_once(
+    out_dir: Path, dest: HubDestination, *, token: str | None, job_id: str, digests: dict[str, str]
+) -> Published:
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token or False)
+    where = f"hf://{dest.repo}@{dest.branch}"
+    with hub_errors(where):
+        api.create_repo(dest.repo, private=dest.private, exist_ok=True)
+        if dest.branch != "main":
+            api.create_branch(dest.repo, branch=dest.branch, exist_ok=True)
+        head = api.model_info(dest.repo, revision=dest.branch, files_metadata=True)
+    if _holds(head, out_dir, digests):
+        log.info("job %s: %s already holds this output (commit %s)", job_id, where, head.sha)
+        return Published(
+            dest.repo, dest.branch, str(head.sha), _commit_url(dest.repo, str(head.sha)), False
+        )
+    with hub_errors(where):
+        info = api.upload_folder(
+            repo_id=dest.repo,
+            folder_path=out_dir,
+            revision=dest.branch,
+            commit_message=f"Layerswap merge job {job_id}",
+            commit_description="Merged by Layerswap; see README.md and layerswap.json.",
+            parent_commit=head.sha,
+        )
+    commit = str(getattr(info, "oid", "") or "")
+    if not commit:
+        raise HubError(f"{where}: the Hub did not return a commit id")
+    return Published(dest.repo, dest.branch, commit, str(info.commit_url), True)
+
+
+def _holds(head: Any, out_dir: Path, digests: dict[str, str]) -> bool:
+    """Does the branch head hold exactly the files of `out_dir` (besides .gitattributes)?
+    `digests`: sha256s already known (the merge's own), so big files are not read again."""
+    remote = {s.rfilename: s for s in head.siblings or [] if s.rfilename != ".gitattributes"}
+    local = {p.name: p for p in out_dir.iterdir() if p.is_file()}
+    if set(remote) != set(local):
+        return False
+    for name, path in local.items():
+        sibling = remote[name]
+        if sibling.lfs is not None:
+            if sibling.lfs.sha256 != (digests.get(name) or _sha256(path)):
+                return False
+        elif sibling.blob_id != _git_blob_id(path):
+            return False
+    return True
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git_blob_id(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _commit_url(repo: str, commit: str) -> str:
+    from huggingface_hub import constants
+
+    return f"{constants.ENDPOINT}/{repo}/commit/{commit}"
