@@ -216,6 +216,7 @@ def _brief(error: Exception) -> str:
 def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
     from worker.engine.recipe import parse_recipe
     from worker.hub.credentials import token_for
+    from worker.hub.errors import HubError
     from worker.hub.publish import publish
 
     recipe = parse_recipe(job.request)
@@ -232,9 +233,14 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         if recipe.output.hub is not None:
             lease.set_stage("publishing")
             token = token_for(recipe.output.hub.credential, settings.hub_credentials)
-            published = publish(
-                out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
-            ).to_dict()
+            try:
+                published = publish(
+                    out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
+                ).to_dict()
+            except HubError:
+                # The job failed: it leaves no output, and the same name can be asked again.
+                shutil.rmtree(out_dir, ignore_errors=True)
+                raise
         inputs = fetched.directories if fetched else {}
 
         def record(session: Session) -> None:

@@ -548,3 +548,27 @@ def test_concurrent_fetches_download_each_file_once(
                         sharded_family / expert / file
                     ).read_bytes()
         fetched.close()
+
+
+def test_gated_sources_work_for_a_credential_with_access(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    hub.add_token(TOKEN, user="team-a", read=["team-a/*", "org/gated"], write=["team-a/*"])
+    job = service.submit(swap(task="hf://org/gated", credential="team-a"))
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["sources"][0]["sha"] == experts["gated"]
+
+
+def test_publishing_where_the_credential_may_not_write_fails_clearly(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    done = service.wait(service.submit(swap(output=to_hub("org/not-ours")))["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "hub_unauthorized"
+    assert "org/not-ours" in done["error"]["message"] and TOKEN not in json.dumps(done)
+    assert not [r for r in hub.requests if r.method == "POST" and "commit" in r.path]
+    # A failed job leaves no output: the same name can be asked for again.
+    assert not (service.settings.artifacts_dir / "default" / "merged").exists()
+    again = service.client.post("/v1/merges", json=swap(output=to_hub("team-a/ours")))
+    assert again.status_code == 202, again.text
