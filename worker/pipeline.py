@@ -9,14 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from service import jobs
@@ -28,100 +24,10 @@ from service.settings import Settings
 from service.sources import resolve_source
 from worker.engine.errors import EngineError, MergeCanceled, OutputError
 from worker.engine.progress import Progress
+from worker.lease import JobLease, LeaseLost, held_row, write_with_retry
+from worker.outputs import made_by, published_by_earlier_attempt, remove_leftovers
 
 log = logging.getLogger("layerswap.pipeline")
-EVENT_INTERVAL_S = 2.0
-
-
-class LeaseLost(Exception):
-    """The job was given to another attempt (this one was presumed dead) or finished."""
-
-
-class JobLease:
-    """One attempt's hold on its job: heartbeats, throttled progress and the cancel flag.
-
-    Every write is fenced by (status running|canceling, attempts == this attempt): once the
-    reconciler has handed the job to another attempt, this one can change nothing, and it stops
-    at its next cancel check. Heartbeats come from their own thread, so a long step with no
-    progress (an fsync, a huge tensor) never makes a live job look dead. A database that is
-    briefly away costs some heartbeats and progress rows, never the merge.
-    """
-
-    def __init__(self, db: Database, job_id: str, attempt: int, settings: Settings) -> None:
-        self.db, self.job_id, self.attempt = db, job_id, attempt
-        self.progress_interval = settings.progress_interval_s
-        self.heartbeat_interval = settings.heartbeat_interval_s
-        self.lost = self.cancel = False
-        self._written = self._event = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}")
-
-    def __enter__(self) -> JobLease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def fenced(self) -> Any:
-        return update(Job).where(
-            Job.id == self.job_id, Job.attempts == self.attempt, Job.status.in_(jobs.ACTIVE)
-        )
-
-    def holds(self, job: Job) -> bool:
-        return job.attempts == self.attempt and job.status in jobs.ACTIVE
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat_interval):
-            try:
-                with self.db.session() as session:
-                    row = session.execute(
-                        self.fenced().values(heartbeat_at=utcnow()).returning(Job.cancel_requested)
-                    ).first()
-            except SQLAlchemyError as e:
-                log.warning("job %s: heartbeat not written (%s)", self.job_id, _brief(e))
-                continue
-            if row is None:
-                log.warning(
-                    "job %s: attempt %d lost its lease; stopping", self.job_id, self.attempt
-                )
-                self.lost = True
-                return
-            self.cancel = bool(row[0])
-
-    def should_cancel(self) -> bool:
-        return self.cancel or self.lost
-
-    def set_stage(self, stage: str) -> None:
-        try:
-            with self.db.session() as session:
-                session.execute(self.fenced().values(stage=stage, heartbeat_at=utcnow()))
-        except SQLAlchemyError as e:
-            log.warning("job %s: stage not written (%s)", self.job_id, _brief(e))
-
-    def progress(self, p: Progress) -> None:
-        now = time.monotonic()
-        if now - self._written < self.progress_interval and p.bytes_done < p.bytes_total:
-            return
-        self._written = now
-        counts = {
-            "stage": p.stage,
-            "bytes_done": p.bytes_done,
-            "bytes_total": p.bytes_total,
-            "tensors_done": p.tensors_done,
-            "tensors_total": p.tensors_total,
-        }
-        try:
-            with self.db.session() as session:
-                written = session.execute(self.fenced().values(heartbeat_at=utcnow(), **counts))
-                if int(getattr(written, "rowcount", 0)) == 1 and (
-                    now - self._event >= EVENT_INTERVAL_S or p.bytes_done >= p.bytes_total
-                ):
-                    self._event = now
-                    jobs.add_event(session, self.job_id, "progress", **counts)
-        except SQLAlchemyError as e:  # progress is best effort; the next write catches up
-            log.warning("job %s: progress not written (%s)", self.job_id, _brief(e))
 
 
 def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
@@ -168,49 +74,18 @@ def _error_dict(error: EngineError | ServiceError) -> dict[str, Any]:
 
 def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **values: Any) -> None:
     def write(session: Session) -> None:
-        job = _held_row(session, db, lease)
+        job = held_row(session, db, lease)
         job.status, job.finished_at, job.stage = status, utcnow(), None
         for key, value in values.items():
             setattr(job, key, value)
         jobs.add_event(session, job.id, status, **(values.get("error") or {}))
 
     try:
-        _write_with_retry(db, lease, write, settings.db_retry_s)
+        write_with_retry(db, lease, write, settings.db_retry_s)
     except LeaseLost:
         log.warning(
             "job %s: attempt %d was superseded; not marked %s", lease.job_id, lease.attempt, status
         )
-
-
-def _held_row(session: Session, db: Database, lease: JobLease) -> Job:
-    job = session.get(Job, lease.job_id, with_for_update=not db.is_sqlite)
-    if job is None or not lease.holds(job):
-        raise LeaseLost(lease.job_id)
-    return job
-
-
-def _write_with_retry(
-    db: Database, lease: JobLease, write: Callable[[Session], None], budget_s: float
-) -> None:
-    """The final write of an attempt survives a database restart: retried with backoff for
-    `budget_s`. Past that the job stays running, its heartbeat goes stale, and the reconciler
-    hands it to a new attempt (which adopts the output this one published)."""
-    deadline, pause = time.monotonic() + budget_s, 0.2
-    while True:
-        try:
-            with db.session() as session:
-                write(session)
-            return
-        except (OperationalError, InterfaceError) as e:
-            if time.monotonic() + pause > deadline:
-                raise
-            log.warning("job %s: database unavailable (%s); retrying", lease.job_id, _brief(e))
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
-
-
-def _brief(error: Exception) -> str:
-    return str(error).splitlines()[0][:200]
 
 
 def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
@@ -221,10 +96,10 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
 
     recipe = parse_recipe(job.request)
     out_dir = jobs.output_dir(settings, job)
-    _remove_leftovers(out_dir, job.id, lease.attempt)
+    remove_leftovers(out_dir, job.id, lease.attempt)
     fetched = None
     try:
-        result = _published_by_earlier_attempt(out_dir, job.id)
+        result = published_by_earlier_attempt(out_dir, job.id)
         if result is None:
             result, fetched = _merge(job, recipe, out_dir, settings, lease)
         else:
@@ -244,7 +119,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         inputs = fetched.directories if fetched else {}
 
         def record(session: Session) -> None:
-            row = _held_row(session, db, lease)
+            row = held_row(session, db, lease)
             manifest = result.manifest
             config = _read_config(out_dir)
             output = get_or_create_artifact(
@@ -270,7 +145,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
             }
             jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
 
-        _write_with_retry(db, lease, record, settings.db_retry_s)
+        write_with_retry(db, lease, record, settings.db_retry_s)
     finally:
         if fetched is not None:
             fetched.close()
@@ -307,7 +182,7 @@ def _merge(
         device=settings.merge_device,
         hash_cache=settings.cache_dir / "sha256",
         # Only this job's own earlier output is ever replaced (it failed verification).
-        overwrite=_made_by(out_dir, job.id),
+        overwrite=made_by(out_dir, job.id),
         staging_tag=f"{job.id}-a{lease.attempt}",
         job={"id": job.id, "attempt": lease.attempt},
         known_digests=fetched.digests if fetched else {},
@@ -324,7 +199,7 @@ def _merge(
     except OutputError:
         # An attempt presumed dead (but only cut off) published this job's output while
         # this one merged: the same bytes, already in place.
-        result = _published_by_earlier_attempt(out_dir, job.id)
+        result = published_by_earlier_attempt(out_dir, job.id)
         if result is None:
             if fetched is not None:
                 fetched.close()
@@ -334,42 +209,6 @@ def _merge(
             fetched.close()
         raise
     return result, fetched
-
-
-def _published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
-    """An attempt that died after publishing (before recording) left a complete output: its
-    manifest names this job and every file still has the sha256 it lists. Re-merging would
-    only rewrite the same bytes, so the output is adopted as it is."""
-    from worker.engine.digests import file_sha256
-    from worker.engine.merge import MANIFEST, MergeResult
-
-    manifest = _read_manifest(out_dir)
-    if manifest is None or manifest.get("job", {}).get("id") != job_id:
-        return None
-    files: dict[str, str] = dict(manifest.get("outputs", {}))
-    for name, sha in files.items():
-        if not (out_dir / name).is_file() or file_sha256(out_dir / name) != sha:
-            return None
-    files[MANIFEST] = file_sha256(out_dir / MANIFEST)
-    present = {p.name for p in out_dir.iterdir()}
-    if present != set(files):
-        return None
-    return MergeResult(out_dir, files, manifest["plan_digest"], manifest, 0.0)
-
-
-def _made_by(out_dir: Path, job_id: str) -> bool:
-    manifest = _read_manifest(out_dir)
-    return manifest is not None and manifest.get("job", {}).get("id") == job_id
-
-
-def _read_manifest(out_dir: Path) -> dict[str, Any] | None:
-    from worker.engine.merge import MANIFEST
-
-    try:
-        data = json.loads((out_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _input_links(
@@ -419,18 +258,3 @@ def _read_config(path: Path) -> dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def _remove_leftovers(out_dir: Path, job_id: str, attempt: int) -> None:
-    """Earlier attempts of this job, killed mid-write, leave staging (or swapped-out)
-    directories beside the output. Only theirs are removed: another job's, or a live attempt's,
-    are not ours to touch (earlier attempts are dead: the reconciler fenced them off)."""
-    if not out_dir.parent.is_dir():
-        return
-    prefix = f".{out_dir.name}.staging-{job_id}-a"
-    for stale in out_dir.parent.glob(f"{prefix}*-*"):
-        number = stale.name.removeprefix(prefix).split("-", 1)[0]
-        if number.isdigit() and int(number) < attempt:
-            shutil.rmtree(stale, ignore_errors=True)
-    for swapped in out_dir.parent.glob(f".{out_dir.name}.old-*"):
-        shutil.rmtree(swapped, ignore_errors=True)

@@ -25,7 +25,8 @@ from tests.service.test_store import (
 )
 from worker.engine.digests import file_sha256
 from worker.engine.progress import Progress
-from worker.pipeline import JobLease, _finish, run_job
+from worker.lease import JobLease
+from worker.pipeline import _finish, run_job
 
 
 class RecordingExecutor:

@@ -1,0 +1,145 @@
+"""A job attempt's lease: heartbeats, throttled progress, the cancel flag, and writes fenced
+by attempt so that an attempt presumed dead can change nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Job, utcnow
+from service.db.session import Database
+from service.settings import Settings
+from worker.engine.progress import Progress
+
+log = logging.getLogger("layerswap.pipeline")
+EVENT_INTERVAL_S = 2.0
+
+
+class LeaseLost(Exception):
+    """The job was given to another attempt (this one was presumed dead) or finished."""
+
+
+class JobLease:
+    """One attempt's hold on its job: heartbeats, throttled progress and the cancel flag.
+
+    Every write is fenced by (status running|canceling, attempts == this attempt): once the
+    reconciler has handed the job to another attempt, this one can change nothing, and it stops
+    at its next cancel check. Heartbeats come from their own thread, so a long step with no
+    progress (an fsync, a huge tensor) never makes a live job look dead. A database that is
+    briefly away costs some heartbeats and progress rows, never the merge.
+    """
+
+    def __init__(self, db: Database, job_id: str, attempt: int, settings: Settings) -> None:
+        self.db, self.job_id, self.attempt = db, job_id, attempt
+        self.progress_interval = settings.progress_interval_s
+        self.heartbeat_interval = settings.heartbeat_interval_s
+        self.lost = self.cancel = False
+        self._written = self._event = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}")
+
+    def __enter__(self) -> JobLease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def fenced(self) -> Any:
+        return update(Job).where(
+            Job.id == self.job_id, Job.attempts == self.attempt, Job.status.in_(jobs.ACTIVE)
+        )
+
+    def holds(self, job: Job) -> bool:
+        return job.attempts == self.attempt and job.status in jobs.ACTIVE
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                with self.db.session() as session:
+                    row = session.execute(
+                        self.fenced().values(heartbeat_at=utcnow()).returning(Job.cancel_requested)
+                    ).first()
+            except SQLAlchemyError as e:
+                log.warning("job %s: heartbeat not written (%s)", self.job_id, brief(e))
+                continue
+            if row is None:
+                log.warning(
+                    "job %s: attempt %d lost its lease; stopping", self.job_id, self.attempt
+                )
+                self.lost = True
+                return
+            self.cancel = bool(row[0])
+
+    def should_cancel(self) -> bool:
+        return self.cancel or self.lost
+
+    def set_stage(self, stage: str) -> None:
+        try:
+            with self.db.session() as session:
+                session.execute(self.fenced().values(stage=stage, heartbeat_at=utcnow()))
+        except SQLAlchemyError as e:
+            log.warning("job %s: stage not written (%s)", self.job_id, brief(e))
+
+    def progress(self, p: Progress) -> None:
+        now = time.monotonic()
+        if now - self._written < self.progress_interval and p.bytes_done < p.bytes_total:
+            return
+        self._written = now
+        counts = {
+            "stage": p.stage,
+            "bytes_done": p.bytes_done,
+            "bytes_total": p.bytes_total,
+            "tensors_done": p.tensors_done,
+            "tensors_total": p.tensors_total,
+        }
+        try:
+            with self.db.session() as session:
+                written = session.execute(self.fenced().values(heartbeat_at=utcnow(), **counts))
+                if int(getattr(written, "rowcount", 0)) == 1 and (
+                    now - self._event >= EVENT_INTERVAL_S or p.bytes_done >= p.bytes_total
+                ):
+                    self._event = now
+                    jobs.add_event(session, self.job_id, "progress", **counts)
+        except SQLAlchemyError as e:  # progress is best effort; the next write catches up
+            log.warning("job %s: progress not written (%s)", self.job_id, brief(e))
+
+
+def held_row(session: Session, db: Database, lease: JobLease) -> Job:
+    job = session.get(Job, lease.job_id, with_for_update=not db.is_sqlite)
+    if job is None or not lease.holds(job):
+        raise LeaseLost(lease.job_id)
+    return job
+
+
+def write_with_retry(
+    db: Database, lease: JobLease, write: Callable[[Session], None], budget_s: float
+) -> None:
+    """The final write of an attempt survives a database restart: retried with backoff for
+    `budget_s`. Past that the job stays running, its heartbeat goes stale, and the reconciler
+    hands it to a new attempt (which adopts the output this one published)."""
+    deadline, pause = time.monotonic() + budget_s, 0.2
+    while True:
+        try:
+            with db.session() as session:
+                write(session)
+            return
+        except (OperationalError, InterfaceError) as e:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("job %s: database unavailable (%s); retrying", lease.job_id, brief(e))
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
+def brief(error: Exception) -> str:
+    return str(error).splitlines()[0][:200]
