@@ -230,7 +230,10 @@ def test_two_workers_racing_for_one_job_claim_it_once(cluster: Cluster) -> None:
         )
 
     logs = lambda: first.text() + second.text()  # noqa: E731
-    wait_for(lambda: logs().count(f"job {job.id}: ") >= 2, "both deliveries handled")
+    wait_for(
+        lambda: f"job {job.id}: not queued" in logs() and f"job {job.id}: attempt 1 done" in logs(),
+        "both deliveries handled: one ran the job, the other found it taken",
+    )
     done = cluster.wait_until(job.id, finished)
     assert done["status"] == "succeeded" and done["attempts"] == 1
     assert logs().count(f"job {job.id}: attempt 1 started") == 1
