@@ -81,6 +81,14 @@ class CeleryExecutor:
     def dispatch(self, job_id: str, kind: str) -> None:
         self._outbox.put((job_id, kind))
 
+    def broker_reachable(self) -> bool:
+        try:
+            with self.app.connection_for_read() as connection:
+                connection.ensure_connection(max_retries=1, timeout=2)
+            return True
+        except Exception:
+            return False
+
     def pending(self) -> set[str]:
         from worker.celery_app import waiting_job_ids
 

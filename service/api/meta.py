@@ -57,6 +57,8 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None)
 def readyz(context: ContextDep) -> dict[str, str] | Response:
+    """Ready = the database is reachable and migrated. The broker is reported, not required:
+    jobs are accepted while it is down and dispatched when it returns."""
     try:
         with context.db.engine.connect() as connection:
             connection.execute(text("SELECT version_num FROM alembic_version"))  # migrated?
@@ -64,7 +66,11 @@ def readyz(context: ContextDep) -> dict[str, str] | Response:
         return error_response(
             503, "database_unavailable", "the database is unreachable", retry_after=5
         )
-    return {"status": "ready"}
+    body = {"status": "ready"}
+    probe = getattr(context.executor, "broker_reachable", None)
+    if callable(probe):
+        body["broker"] = "ok" if probe() else "unreachable"
+    return body
 
 
 @router.get("/metrics", response_class=Response)

@@ -192,7 +192,10 @@ def test_redis_restart_loses_no_queued_job_and_runs_none_twice(
     redis = cluster.redis.client()
     wait_for(lambda: redis.llen("merge") == 24, "24 messages in Redis")
 
+    assert cluster.service.client.get("/readyz").json() == {"status": "ready", "broker": "ok"}
     cluster.redis.stop()
+    ready = cluster.service.client.get("/readyz")  # still ready: submits are accepted
+    assert ready.status_code == 200 and ready.json()["broker"] == "unreachable"
     for i in range(4):  # accepted while the broker is down: the row is the truth
         queued.append(
             cluster.service.submit(layer_swap(top=2), **{"Idempotency-Key": f"d{i}"})["id"]

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -572,3 +573,25 @@ def test_publishing_where_the_credential_may_not_write_fails_clearly(
     assert not (service.settings.artifacts_dir / "default" / "merged").exists()
     again = service.client.post("/v1/merges", json=swap(output=to_hub("team-a/ours")))
     assert again.status_code == 202, again.text
+
+
+def test_views_left_by_killed_jobs_are_pruned(
+    tmp_path: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    from worker.engine.recipe import parse_recipe
+    from worker.hub.fetch import fetch_inputs
+    from worker.hub.pin import pin_recipe
+
+    views = tmp_path / "cache" / "views"
+    old, recent = views / "old", views / "recent"
+    for view in (old, recent):
+        view.mkdir(parents=True)
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(old, (two_days_ago, two_days_ago))
+    recipe, _ = pin_recipe(parse_recipe(swap()), None)
+    fetched = fetch_inputs(
+        recipe, cache_dir=tmp_path / "cache", token=None, local=Path, headers_only=True
+    )
+    assert not old.exists() and recent.exists()
+    fetched.close()
+    assert recent.exists() and not any(p == fetched.root for p in views.iterdir())

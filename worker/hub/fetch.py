@@ -87,6 +87,7 @@ def fetch_inputs(
     """Make every hf:// source of `recipe` (pinned to a commit sha) a local directory holding
     what the merge reads (`headers_only`: enough to plan, no weights). The caller closes the
     result when the merge is over."""
+    _prune_views(cache_dir / "views")
     root = cache_dir / "views" / uuid.uuid4().hex
     fetched = FetchedInputs(root=root)
     meter = _Meter(on_progress, should_cancel)
@@ -125,6 +126,20 @@ def fetch_inputs(
         fetched.close()
         raise
     return fetched
+
+
+def _prune_views(views: Path, older_than_s: float = 24 * 3600) -> None:
+    """Views of jobs whose worker was killed are never closed: drop those a day old (a view
+    is symlinks only; the cache itself is kept)."""
+    if not views.is_dir():
+        return
+    cutoff = time.time() - older_than_s
+    for view in views.iterdir():
+        try:
+            if view.stat().st_mtime < cutoff:
+                shutil.rmtree(view, ignore_errors=True)
+        except FileNotFoundError:
+            continue  # another job pruned it first
 
 
 def _check_index(pinned: PinnedRepo, view: Path) -> None:
