@@ -25,11 +25,11 @@ from service.schemas import (
     job_read,
 )
 from service.sources import resolve_source
-from worker.engine.recipe import LayerSwapRecipe, Recipe, recipe_to_dict
+from worker.engine.recipe import Recipe, named_sources, recipe_to_dict
 from worker.hub.credentials import token_for
 from worker.hub.errors import HubError
 from worker.hub.pin import PinnedRepo, pin
-from worker.hub.refs import is_hub_source, parse_hub_source, replace_sources
+from worker.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sources
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
 SSE_POLL_S = 0.5
@@ -56,20 +56,12 @@ def read_job(context: Context, job: Job) -> JobRead:
 def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[str, str]]:
     """Local sources must lie under an allowed root; Hub sources are pinned to the commit their
     revision points at now (the job will read only that commit). Returns the pins."""
-    named: list[tuple[str, str]] = []
-    if isinstance(recipe, LayerSwapRecipe):
-        named += [(f"experts.task.{i}", s) for i, s in enumerate(recipe.experts.task)]
-        named += [(f"experts.language.{i}", s) for i, s in enumerate(recipe.experts.language)]
-    else:
-        named += [(f"models.{i}", s) for i, s in enumerate(recipe.models)]
-    if recipe.base is not None:
-        named.append(("base", recipe.base))
     credentials = context.settings.hub_credentials
     if recipe.output.hub is not None:
         token_for(recipe.output.hub.credential, credentials)  # unknown names fail now
     pins: dict[str, PinnedRepo] = {}
     sources = []
-    for field, source in named:
+    for field, source in ((n.field, n.source) for n in named_sources(recipe)):
         if not is_hub_source(source):
             resolve_source(source, context.settings, tenant, field=field)
             continue
@@ -116,7 +108,7 @@ def submit_merge(
     new = jobs.NewJob(
         tenant,
         "merge",
-        replace_sources(request, {s["source"]: f"hf://{s['repo']}@{s['sha']}" for s in sources}),
+        replace_sources(request, {s["source"]: str(HubRef(s["repo"], s["sha"])) for s in sources}),
         recipe.output.name,
         idempotency_key,
         asked=request,

@@ -9,7 +9,7 @@ from worker.engine.checkpoint import Checkpoint, layer_index
 from worker.engine.errors import EngineError, RecipeError
 from worker.engine.methods import BUILDERS, Inputs, MethodPlan
 from worker.engine.plan import InputRef, Plan, Shard, TensorPlan, Term
-from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe
+from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
 from worker.engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 
 Resolver = Callable[[str], Path]
@@ -20,15 +20,9 @@ DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
     """The recipe's checkpoints in plan order, each with its role and label."""
-    named: list[tuple[str, str, str]] = []
-    if isinstance(recipe, LayerSwapRecipe):
-        named += [(f"task[{i}]", "task", s) for i, s in enumerate(recipe.experts.task)]
-        named += [(f"language[{i}]", "language", s) for i, s in enumerate(recipe.experts.language)]
-    else:
-        named += [(f"models[{i}]", "model", s) for i, s in enumerate(recipe.models)]
-    if recipe.base is not None:
-        named.append(("base", "base", recipe.base))
-    return [InputRef(label, role, src, str(resolve(src))) for label, role, src in named]
+    return [
+        InputRef(n.label, n.role, n.source, str(resolve(n.source))) for n in named_sources(recipe)
+    ]
 
 
 def make_plan(

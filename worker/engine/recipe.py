@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -267,6 +268,30 @@ def _mentioned_field(message: str) -> str | None:
     """Model-level checks name their field in the message ('base is required ...')."""
     match = re.match(r"^(base|params\.\w+|models|experts\.\w+)\b", message)
     return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class NamedSource:
+    """One checkpoint a recipe names, in plan order."""
+
+    field: str  # where in the recipe: experts.task.0, models.1, base
+    label: str  # task[0], language[1], models[2], base
+    role: str  # task, language, model, base
+    source: str  # as written: a path or hf://org/name[@revision]
+
+
+def named_sources(recipe: Recipe) -> list[NamedSource]:
+    if isinstance(recipe, LayerSwapRecipe):
+        named = [NamedSource(f"experts.{role}.{i}", f"{role}[{i}]", role, s)
+                 for role, items in (("task", recipe.experts.task),
+                                     ("language", recipe.experts.language))
+                 for i, s in enumerate(items)]  # fmt: skip
+    else:
+        named = [NamedSource(f"models.{i}", f"models[{i}]", "model", s)
+                 for i, s in enumerate(recipe.models)]  # fmt: skip
+    if recipe.base is not None:
+        named.append(NamedSource("base", "base", "base", recipe.base))
+    return named
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

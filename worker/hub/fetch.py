@@ -32,7 +32,7 @@ from filelock import FileLock
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from worker.engine.errors import MergeCanceled
 from worker.engine.planner import Resolver, make_plan
-from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe
+from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
 from worker.hub.errors import HubError, HubFileMissing, HubRateLimited, HubUnavailable, hub_errors
 from worker.hub.pin import PinnedRepo, pin
 from worker.hub.refs import is_hub_source, parse_hub_source
@@ -65,13 +65,7 @@ class FetchedInputs:
 
 
 def hub_sources(recipe: Recipe) -> list[str]:
-    if isinstance(recipe, LayerSwapRecipe):
-        named = [*recipe.experts.task, *recipe.experts.language]
-    else:
-        named = list(recipe.models)
-    if recipe.base is not None:
-        named.append(recipe.base)
-    return list(dict.fromkeys(s for s in named if is_hub_source(s)))
+    return list(dict.fromkeys(n.source for n in named_sources(recipe) if is_hub_source(n.source)))
 
 
 def fetch_inputs(
