@@ -283,8 +283,7 @@ def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
     requeued = []
     for job in stale:
         silent = (utcnow() - (as_utc(job.heartbeat_at) or cutoff)).total_seconds()
-        status, values = _after_loss(job, f"no heartbeat for {silent:.0f} s")
-        event = _loss_event(status, values, job)  # takes the reason out of the row's values
+        status, values, event = _after_loss(job, f"no heartbeat for {silent:.0f} s")
         with db.session() as session:
             moved: Any = session.execute(
                 update(Job)
@@ -304,32 +303,23 @@ def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
     return requeued
 
 
-def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any]]:
-    """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued."""
+def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued.
+    Returns the new status, the columns to set and the event's data."""
     if job.status == CANCELING:
-        return CANCELED, {"finished_at": utcnow(), "reason": f"{why} while canceling"}
+        reason = f"{why} while canceling"
+        return CANCELED, {"finished_at": utcnow()}, {"reason": reason, "attempt": job.attempts}
     if job.attempts >= job.max_attempts:
-        return FAILED, {
-            "finished_at": utcnow(),
-            "error": {
-                "code": "attempts_exhausted",
-                "message": f"attempt {job.attempts} of {job.max_attempts} was lost ({why}); "
-                "giving up",
-            },
+        error = {
+            "code": "attempts_exhausted",
+            "message": f"attempt {job.attempts} of {job.max_attempts} was lost ({why}); giving up",
         }
-    return QUEUED, {"reason": f"re-queued: {why}"}
-
-
-def _loss_event(status: str, values: dict[str, Any], job: Job) -> dict[str, Any]:
-    """The event for a loss; removes the reason (not a column) from `values`."""
-    if status == FAILED:
-        return dict(values["error"])
-    return {"reason": values.pop("reason"), "attempt": job.attempts}
+        return FAILED, {"finished_at": utcnow(), "error": error}, dict(error)
+    return QUEUED, {}, {"reason": f"re-queued: {why}", "attempt": job.attempts}
 
 
 def _give_back(session: Session, job: Job, why: str) -> None:
-    status, values = _after_loss(job, why)
-    event = _loss_event(status, values, job)
+    status, values, event = _after_loss(job, why)
     job.status, job.stage = status, None
     for key, value in values.items():
         setattr(job, key, value)
