@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
     try:
         result = published_by_earlier_attempt(out_dir, job.id)
         if result is None:
-            result, fetched = _merge(job, recipe, out_dir, settings, lease)
+            fetched = _fetch_hub_inputs(job, recipe, settings, lease)
+            result = _merge(job, recipe, out_dir, settings, lease, fetched)
         else:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
         published = None
@@ -151,33 +153,39 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
             fetched.close()
 
 
-def _merge(
-    job: Job, recipe: Any, out_dir: Path, settings: Settings, lease: JobLease
-) -> tuple[Any, Any]:
-    """Fetch what Hub sources the merge needs, then merge; (MergeResult, FetchedInputs|None)."""
-    from worker.engine.merge import MergeOptions, merge
+def _local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:
+    return lambda source: resolve_source(source, settings, job.tenant_id)
+
+
+def _fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease) -> Any:
+    """FetchedInputs for the recipe's Hub sources (None without any); the caller closes it."""
     from worker.hub.credentials import token_for
     from worker.hub.fetch import fetch_inputs, hub_sources
 
-    def local(source: str) -> Path:
-        return resolve_source(source, settings, job.tenant_id)
+    if not hub_sources(recipe):
+        return None
+    started = time.monotonic()
 
-    fetched = None
-    if hub_sources(recipe):
-        started = time.monotonic()
+    def downloaded(done: int, total: int) -> None:
+        elapsed = time.monotonic() - started
+        lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
 
-        def downloaded(done: int, total: int) -> None:
-            elapsed = time.monotonic() - started
-            lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
+    return fetch_inputs(
+        recipe,
+        cache_dir=settings.cache_dir / "hub",
+        token=token_for(recipe.credential, settings.hub_credentials),
+        local=_local_resolver(job, settings),
+        on_progress=downloaded,
+        should_cancel=lease.should_cancel,
+    )
 
-        fetched = fetch_inputs(
-            recipe,
-            cache_dir=settings.cache_dir / "hub",
-            token=token_for(recipe.credential, settings.hub_credentials),
-            local=local,
-            on_progress=downloaded,
-            should_cancel=lease.should_cancel,
-        )
+
+def _merge(
+    job: Job, recipe: Any, out_dir: Path, settings: Settings, lease: JobLease, fetched: Any
+) -> Any:
+    from worker.engine.merge import MergeOptions, merge
+
+    local = _local_resolver(job, settings)
     options = MergeOptions(
         device=settings.merge_device,
         hash_cache=settings.cache_dir / "sha256",
@@ -188,7 +196,7 @@ def _merge(
         known_digests=fetched.digests if fetched else {},
     )
     try:
-        result = merge(
+        return merge(
             recipe,
             out_dir,
             resolve=fetched.resolver(local) if fetched else local,
@@ -199,16 +207,10 @@ def _merge(
     except OutputError:
         # An attempt presumed dead (but only cut off) published this job's output while
         # this one merged: the same bytes, already in place.
-        result = published_by_earlier_attempt(out_dir, job.id)
-        if result is None:
-            if fetched is not None:
-                fetched.close()
+        adopted = published_by_earlier_attempt(out_dir, job.id)
+        if adopted is None:
             raise
-    except BaseException:
-        if fetched is not None:
-            fetched.close()
-        raise
-    return result, fetched
+        return adopted
 
 
 def _input_links(
@@ -228,7 +230,7 @@ def _input_links(
         if is_hub_source(source):
             location, config = source, _read_config(hub_dirs[source]) if source in hub_dirs else {}
         else:
-            path = resolve_source(source, settings, job.tenant_id)
+            path = _local_resolver(job, settings)(source)
             location, config = str(path), _read_config(path)
         artifact = get_or_create_artifact(
             session,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.engine.digests import file_sha256
 from worker.engine.recipe import HubDestination
 from worker.hub.errors import HubError, HubRateLimited, HubUnavailable, hub_errors
 
@@ -102,19 +103,11 @@ def _holds(head: Any, out_dir: Path, digests: dict[str, str]) -> bool:
     for name, path in local.items():
         sibling = remote[name]
         if sibling.lfs is not None:
-            if sibling.lfs.sha256 != (digests.get(name) or _sha256(path)):
+            if sibling.lfs.sha256 != (digests.get(name) or file_sha256(path)):
                 return False
         elif sibling.blob_id != _git_blob_id(path):
             return False
     return True
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _git_blob_id(path: Path) -> str:
