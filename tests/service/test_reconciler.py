@@ -161,31 +161,38 @@ def test_a_superseded_attempt_can_write_nothing(
     assert stale.lost and stale.should_cancel()
 
 
-def test_an_output_published_by_a_lost_attempt_is_adopted(
-    store: tuple[Database, Settings],  # noqa: F811
-    examples: Path,
-) -> None:
-    """Attempt 1 published its output and died before recording it: attempt 2 records that
-    output as it is (verified by sha256) instead of merging again."""
+def published_by_lost_attempt(db: Database, settings: Settings, examples: Path) -> Any:
+    """A job whose attempt 1 published its output, then went silent and was re-queued:
+    (job id, output directory, the engine's MergeResult)."""
     from worker.engine.merge import MergeOptions, merge
     from worker.engine.recipe import parse_recipe
 
-    db, settings = store
     copy_examples(settings, examples)
     job_id = new_job(db, settings)
     assert jobs.claim(db, job_id) == 1
     job = job_row(db, job_id)
     out_dir = jobs.output_dir(settings, job)
     checkpoints = settings.source_roots[0]
-    merge(
+    result = merge(
         parse_recipe(job.request),
         out_dir,
         resolve=lambda s: checkpoints / s,
         options=MergeOptions(job={"id": job_id, "attempt": 1}, staging_tag=f"{job_id}-a1"),
     )
-    written = {p.name: p.stat().st_mtime_ns for p in out_dir.iterdir()}
     silent_for(db, job_id, settings.stale_after_s + 5)
     jobs.requeue_stale(db, settings.stale_after_s)
+    return job_id, out_dir, result
+
+
+def test_an_output_published_by_a_lost_attempt_is_adopted(
+    store: tuple[Database, Settings],  # noqa: F811
+    examples: Path,
+) -> None:
+    """Attempt 1 published its output and died before recording it: attempt 2 records that
+    output as it is (verified by sha256) instead of merging again."""
+    db, settings = store
+    job_id, out_dir, _ = published_by_lost_attempt(db, settings, examples)
+    written = {p.name: p.stat().st_mtime_ns for p in out_dir.iterdir()}
 
     run_job(job_id, db=db, settings=settings)
 
@@ -200,30 +207,14 @@ def test_an_output_tampered_with_is_merged_again(
     store: tuple[Database, Settings],  # noqa: F811
     examples: Path,
 ) -> None:
-    from worker.engine.merge import MergeOptions, merge
-    from worker.engine.recipe import parse_recipe
-
     db, settings = store
-    copy_examples(settings, examples)
-    job_id = new_job(db, settings)
-    jobs.claim(db, job_id)
-    job = job_row(db, job_id)
-    out_dir = jobs.output_dir(settings, job)
-    checkpoints = settings.source_roots[0]
-    result = merge(
-        parse_recipe(job.request),
-        out_dir,
-        resolve=lambda s: checkpoints / s,
-        options=MergeOptions(job={"id": job_id, "attempt": 1}),
-    )
+    job_id, out_dir, result = published_by_lost_attempt(db, settings, examples)
     shard = next(out_dir.glob("*.safetensors"))
     with shard.open("r+b") as f:  # one flipped byte in the last tensor's data
         f.seek(-1, os.SEEK_END)
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 0xFF]))
-    silent_for(db, job_id, settings.stale_after_s + 5)
-    jobs.requeue_stale(db, settings.stale_after_s)
 
     run_job(job_id, db=db, settings=settings)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +29,30 @@ from worker.pipeline import run_job
 TENANT = "default"
 
 
-@pytest.fixture
-def store(tmp_path: Path, database_url: str) -> Iterator[tuple[Database, Settings]]:
-    """A migrated store on SQLite or PostgreSQL, with no executor running."""
-    settings = make_settings(tmp_path, database_url)
-    upgrade(database_url)
-    db = Database(database_url)
+@contextmanager
+def open_store(tmp_path: Path, url: str) -> Iterator[tuple[Database, Settings]]:
+    """A migrated store at `url` with its tenant, and no executor running."""
+    settings = make_settings(tmp_path, url)
+    upgrade(url)
+    db = Database(url)
     jobs.ensure_tenant(db, TENANT)
     try:
         yield db, settings
     finally:
         db.dispose()
+
+
+@pytest.fixture
+def store(tmp_path: Path, database_url: str) -> Iterator[tuple[Database, Settings]]:
+    """On SQLite and on PostgreSQL."""
+    with open_store(tmp_path, database_url) as opened:
+        yield opened
 
 
 @pytest.fixture
 def pg_store(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Database, Settings]]:
-    settings = make_settings(tmp_path, postgres_url)
-    upgrade(postgres_url)
-    db = Database(postgres_url)
-    jobs.ensure_tenant(db, TENANT)
-    try:
-        yield db, settings
-    finally:
-        db.dispose()
+    with open_store(tmp_path, postgres_url) as opened:
+        yield opened
 
 
 def new_job(db: Database, settings: Settings, **params: Any) -> str:
