@@ -219,3 +219,26 @@ def hub(fake_hub: Any) -> Any:
     """The Hub server, emptied for this test (no repos, tokens, faults or logged requests)."""
     fake_hub.reset()
     return fake_hub
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Any:
+    """A factory of real, tiny tmpfs mounts (root only, as CI runs): `small_filesystem(bytes)`
+    returns an empty directory on a filesystem of that size, so writes past it fail with the
+    kernel's own ENOSPC. Unmounted at the end of the test."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def make(size_bytes: int) -> Path:
+        where = tmp_path / f"small-fs-{len(mounted)}"
+        where.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)], check=True
+        )
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in reversed(mounted):
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -71,3 +71,25 @@ class MergeCanceled(EngineError):
     """The caller asked to stop; nothing was left behind."""
 
     code = "canceled"
+
+
+class DiskFull(EngineError):
+    """No space left where the job writes (output, side files, caches). Nothing partial stays;
+    the job fails with this code instead of being retried, since a retry would fail the same way
+    until space is freed (DELETE /v1/artifacts/{id})."""
+
+    code = "disk_full"
+
+    @classmethod
+    def at(cls, path: object, what: str) -> DiskFull:
+        return cls(
+            f"no space left on the device while writing {what} ({path})",
+            details={"path": str(path)},
+        )
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """ENOSPC, or EDQUOT (a filesystem quota): both mean 'free space first'."""
+    import errno
+
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)

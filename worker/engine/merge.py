@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ class MergeOptions:
     # sha256s known without reading the file (Hub LFS files, of which only the header may be
     # here when the merge reads none of their tensors)
     known_digests: dict[Path, str] = field(default_factory=dict)
+    # Called with the planned output size in bytes once the plan is made, before anything is
+    # written; raises to refuse (the service's per-tenant storage quota).
+    reserve_space: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
