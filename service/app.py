@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from service.api import analyses, artifacts, errors, merges, meta
 from service.api.deps import Context
+from service.api.middleware import RequestGuard
 from service.db.session import Database
 from service.jobs import Executor
 from service.reconciler import Reconciler
@@ -49,6 +50,9 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     )
     app.state.context = context
     errors.install(app)
+    # Outside routing: Host, Origin, media type and body size are checked before a body is
+    # parsed or a key looked up.
+    app.add_middleware(RequestGuard, settings=settings)
     for module in (merges, artifacts, analyses, meta):
         app.include_router(module.router)
     return app

@@ -353,6 +353,49 @@ def keys_create(tenant: str) -> None:
         sys.exit(2)
 
 
+@keys.command("list")
+@click.option("--tenant", help="Only this tenant's keys.")
+def keys_list(tenant: str | None) -> None:
+    """List keys: id, tenant, created, revoked (never the secret)."""
+    from service.auth import list_keys
+
+    found = list_keys(_key_database(), tenant=tenant)
+    click.echo(f"{'ID':<32}  {'TENANT':<20}  {'CREATED':<25}  REVOKED")
+    for key in found:
+        revoked = key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "-"
+        created = key.created_at.isoformat(timespec="seconds")
+        click.echo(f"{key.id:<32}  {key.tenant:<20}  {created:<25}  {revoked}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+def keys_revoke(key_id: str) -> None:
+    """Revoke a key by its id (from `keys list`) or by the key itself; it stops working at
+    once, in every API process."""
+    from service.auth import revoke_key
+    from service.errors import ServiceError
+
+    try:
+        key, revoked_now = revoke_key(_key_database(), key_id)
+    except ServiceError as e:
+        click.echo(f"layerswap: error [{e.code}]: {e.message}", err=True)
+        sys.exit(2)
+    assert key.revoked_at is not None
+    when = key.revoked_at.isoformat(timespec="seconds")
+    state = "revoked" if revoked_now else "was already revoked"
+    click.echo(f"key {key.id} of tenant {key.tenant} {state} ({when})")
+
+
+def _key_database() -> Any:
+    from service.db.migrate import upgrade
+    from service.db.session import Database
+
+    settings = load_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database)
+    return Database(settings.database)
+
+
 @cli.group()
 def db() -> None:
     """Database schema."""

@@ -51,6 +51,20 @@ class Settings(BaseSettings):
     db_retry_s: float = Field(
         60.0, ge=0, description="how long a job keeps retrying its final write to the database"
     )
+    max_request_bytes: int = Field(
+        1024 * 1024, ge=1, description="largest request body; larger ones are refused unread (413)"
+    )
+    trusted_hosts: list[str] | None = Field(
+        None,
+        description="JSON list of names the Host (and any Origin) header may carry; '*' for any "
+        "(default: localhost, 127.0.0.1, ::1 and LAYERSWAP_HOST unless it is a wildcard)",
+    )
+    sse_max_seconds: float = Field(
+        900.0, gt=0, description="an event stream ends after this long (the client resumes)"
+    )
+    sse_streams_per_tenant: int = Field(
+        8, ge=1, description="concurrent event streams a tenant may hold open per API process"
+    )
 
     @model_validator(mode="after")
     def _safe_binding(self) -> Self:
@@ -72,6 +86,16 @@ class Settings(BaseSettings):
     @property
     def database(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'layerswap.db').absolute()}"
+
+    @property
+    def allowed_hosts(self) -> set[str]:
+        """The trusted Host names, lower-case; {'*'} trusts every name."""
+        if self.trusted_hosts is not None:
+            return {host.lower() for host in self.trusted_hosts}
+        hosts = {"localhost", "127.0.0.1", "::1"}
+        if self.host not in ("0.0.0.0", "::", ""):  # a wildcard bind names no host
+            hosts.add(self.host.lower())
+        return hosts
 
     @property
     def artifacts_dir(self) -> Path:

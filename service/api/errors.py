@@ -49,6 +49,14 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def is_database_outage(e: DBAPIError) -> bool:
+    """Unreachable, or reachable but not migrated: retrying later can help. Anything else (an
+    integrity or data error) is a bug, not an outage."""
+    return isinstance(e, OperationalError | InterfaceError | ProgrammingError) or bool(
+        e.connection_invalidated
+    )
+
+
 def describe_invalid(errors: list[Any]) -> tuple[str, dict[str, Any]]:
     """One message and `details.field` from FastAPI's validation errors: the body's field
     (dotted, as in the recipe), or the header/query/path parameter as the client spelled it."""
@@ -102,11 +110,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def database_error(_: Request, e: DBAPIError) -> JSONResponse:
-        # Unreachable, or reachable but not migrated: retrying later can help. Anything else
-        # (an integrity or data error) is a bug, not an outage.
-        if isinstance(e, OperationalError | InterfaceError | ProgrammingError) or (
-            e.connection_invalidated
-        ):
+        if is_database_outage(e):
             log.warning("database unavailable: %s", e)
             return error_response(
                 503,

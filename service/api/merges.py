@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
 
 from service import jobs
 from service.api.deps import Context, ContextDep, TenantDep
+from service.api.errors import error_response
+from service.api.streams import SlotStreamingResponse
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.lineage import get_artifact
@@ -33,6 +35,8 @@ from worker.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sou
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
 SSE_POLL_S = 0.5
+SSE_RECONNECT_MS = 1000  # the `retry:` hint: how soon a client reconnects after a stream ends
+SSE_RETRY_AFTER_S = 5  # Retry-After of a 429 for too many open streams
 MAX_EVENT_ID = 2**63 - 1  # larger ids cannot be compared in SQLite (OverflowError)
 
 
@@ -171,7 +175,10 @@ def cancel_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead
 @router.get(
     "/{job_id}/events",
     response_model=list[EventRead],
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        200: {"content": {"text/event-stream": {}}},
+        429: {"description": "too many open event streams (too_many_streams)"},
+    },
 )
 def merge_events(
     job_id: str,
@@ -180,14 +187,27 @@ def merge_events(
     tenant: TenantDep,
     last_event_id: Annotated[int | None, Header(ge=0, le=MAX_EVENT_ID)] = None,
     after: Annotated[int, Query(ge=0, le=MAX_EVENT_ID)] = 0,
-) -> list[EventRead] | StreamingResponse:
-    """The job's event log; as Server-Sent Events for `Accept: text/event-stream`."""
+) -> list[EventRead] | Response:
+    """The job's event log; as Server-Sent Events for `Accept: text/event-stream`. A stream
+    ends after `sse_max_seconds` (resume with Last-Event-ID); a tenant may hold at most
+    `sse_streams_per_tenant` open in one API process."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
     start = last_event_id if last_event_id is not None else after
     if "text/event-stream" in request.headers.get("accept", ""):
+        if not context.streams.take(tenant):
+            return error_response(
+                429,
+                "too_many_streams",
+                f"at most {context.streams.limit} event streams may be open at once; "
+                "close one or poll GET .../events",
+                retry_after=SSE_RETRY_AFTER_S,
+            )
         stream = _event_stream(context, tenant, job_id, start, request)
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        return SlotStreamingResponse(
+            stream,
+            release=lambda: context.streams.give_back(tenant),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
     found = jobs.events(context.db, tenant=tenant, job_id=job_id, after=start)
     return [EventRead.model_validate(e, from_attributes=True) for e in found]
@@ -196,6 +216,10 @@ def merge_events(
 async def _event_stream(
     context: Context, tenant: str, job_id: str, after: int, request: Request
 ) -> AsyncIterator[str]:
+    # A stream has a lifetime, so a slot cannot be held forever; `retry` tells the client
+    # (an EventSource reconnects by itself) how soon to come back with its Last-Event-ID.
+    deadline = time.monotonic() + context.settings.sse_max_seconds
+    yield f"retry: {SSE_RECONNECT_MS}\n\n"
     while not await request.is_disconnected():
         # The status first: a terminal status is committed with its event, so the events read
         # next include it, and the stream can end right after sending them.
@@ -208,6 +232,6 @@ async def _event_stream(
             created = as_utc(event.created_at).isoformat()
             data = json.dumps({"type": event.type, **event.data, "created_at": created})
             yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
-        if job.status in jobs.TERMINAL:
+        if job.status in jobs.TERMINAL or time.monotonic() >= deadline:
             return
-        await asyncio.sleep(SSE_POLL_S)
+        await asyncio.sleep(min(SSE_POLL_S, max(deadline - time.monotonic(), 0.0)))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Response
-from sqlalchemy import func, select, text
+from sqlalchemy import ColumnElement, Float, Select, case, cast, extract, func, select, text
+from sqlalchemy.exc import DBAPIError
 
-from service.api.deps import ContextDep
-from service.api.errors import error_response
+from service.api.deps import ApiKeyDep, Context, ContextDep
+from service.api.errors import error_response, is_database_outage
 from service.db.models import Job, JobEvent, as_utc, utcnow
 from worker.engine.recipe import (
     LayerSwapParams,
@@ -18,6 +20,7 @@ from worker.engine.recipe import (
 )
 
 router = APIRouter(tags=["meta"])
+log = logging.getLogger("layerswap.api")
 
 METHOD_DOCS: dict[str, tuple[str, type[Any], str]] = {
     "layer_swap": (
@@ -58,14 +61,22 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", response_model=None)
 def readyz(context: ContextDep) -> dict[str, str] | Response:
     """Ready = the database is reachable and migrated. The broker is reported, not required:
-    jobs are accepted while it is down and dispatched when it returns."""
+    jobs are accepted while it is down and dispatched when it returns. Only a database outage
+    is a 503; any other error is a bug and answers 500 like one."""
     try:
-        with context.db.engine.connect() as connection:
-            connection.execute(text("SELECT version_num FROM alembic_version"))  # migrated?
-    except Exception:
+        return readiness(context)
+    except DBAPIError as e:
+        if not is_database_outage(e):
+            raise
+        log.warning("not ready: %s", e)
         return error_response(
             503, "database_unavailable", "the database is unreachable", retry_after=5
         )
+
+
+def readiness(context: Context) -> dict[str, str]:
+    with context.db.engine.connect() as connection:
+        connection.execute(text("SELECT version_num FROM alembic_version"))  # migrated?
     body = {"status": "ready"}
     probe = getattr(context.executor, "broker_reachable", None)
     if callable(probe):
@@ -73,9 +84,11 @@ def readyz(context: ContextDep) -> dict[str, str] | Response:
     return body
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, dependencies=[ApiKeyDep])
 def metrics(context: ContextDep) -> Response:
-    """Prometheus text format, computed from the database so every process agrees."""
+    """Prometheus text format, computed in the database (aggregates only: the cost does not
+    grow with the number of jobs held in memory) so every process agrees. With auth on, any
+    valid API key may read it."""
     lines = [
         "# HELP layerswap_jobs Jobs by kind and status.",
         "# TYPE layerswap_jobs gauge",
@@ -98,11 +111,7 @@ def metrics(context: ContextDep) -> Response:
         oldest_queued = session.scalar(
             select(func.min(Job.created_at)).where(Job.status == "queued")
         )
-        finished = session.execute(
-            select(Job.kind, Job.started_at, Job.finished_at).where(
-                Job.status == "succeeded", Job.started_at.is_not(None)
-            )
-        ).all()
+        durations = session.execute(duration_histogram(context.db.engine.dialect.name)).all()
     lines += [f'layerswap_jobs{{kind="{k}",status="{s}"}} {n}' for k, s, n in counts]
     lines += [
         "# HELP layerswap_merged_bytes_total Bytes written by succeeded merges.",
@@ -121,30 +130,50 @@ def metrics(context: ContextDep) -> Response:
         "# TYPE layerswap_oldest_queued_seconds gauge",
         f"layerswap_oldest_queued_seconds {max(waiting, 0.0):.3f}",
     ]
-    lines += _duration_histogram(finished)
+    lines += _duration_lines(durations)
     return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
 
-def _duration_histogram(rows: Any) -> list[str]:
+def duration_seconds(dialect: str) -> ColumnElement[float]:
+    """finished_at - started_at in seconds, in SQL. SQLite's julianday counts whole
+    milliseconds; rounding to them removes the float noise of the day fraction."""
+    if dialect == "sqlite":
+        days = func.julianday(Job.finished_at) - func.julianday(Job.started_at)
+        return func.round(days * 86400.0, 3)
+    return cast(extract("epoch", Job.finished_at - Job.started_at), Float)
+
+
+def duration_histogram(dialect: str) -> Select[*tuple[Any, ...]]:
+    """Per kind of succeeded job: the count at or under each bucket, the sum and the count."""
+    seconds = duration_seconds(dialect)
+    return (
+        select(
+            Job.kind,
+            *(func.sum(case((seconds <= bucket, 1), else_=0)) for bucket in BUCKETS),
+            func.sum(seconds),
+            func.count(),
+        )
+        .where(Job.status == "succeeded", Job.started_at.is_not(None))
+        .where(Job.finished_at.is_not(None))
+        .group_by(Job.kind)
+        .order_by(Job.kind)
+    )
+
+
+def _duration_lines(rows: Any) -> list[str]:
     lines = [
         "# HELP layerswap_job_duration_seconds Run time of succeeded jobs.",
         "# TYPE layerswap_job_duration_seconds histogram",
     ]
-    by_kind: dict[str, list[float]] = {}
-    for kind, started, finished in rows:
-        by_kind.setdefault(kind, []).append((finished - started).total_seconds())
-    for kind, values in sorted(by_kind.items()):
-        for bucket in _BUCKETS:
-            count = sum(v <= bucket for v in values)
+    for kind, *at_or_under, total, count in rows:
+        for bucket, under in zip(BUCKETS, at_or_under, strict=True):
             lines.append(
-                f'layerswap_job_duration_seconds_bucket{{kind="{kind}",le="{bucket}"}} {count}'
+                f'layerswap_job_duration_seconds_bucket{{kind="{kind}",le="{bucket}"}} {under}'
             )
-        lines.append(
-            f'layerswap_job_duration_seconds_bucket{{kind="{kind}",le="+Inf"}} {len(values)}'
-        )
-        lines.append(f'layerswap_job_duration_seconds_sum{{kind="{kind}"}} {sum(values)}')
-        lines.append(f'layerswap_job_duration_seconds_count{{kind="{kind}"}} {len(values)}')
+        lines.append(f'layerswap_job_duration_seconds_bucket{{kind="{kind}",le="+Inf"}} {count}')
+        lines.append(f'layerswap_job_duration_seconds_sum{{kind="{kind}"}} {float(total)}')
+        lines.append(f'layerswap_job_duration_seconds_count{{kind="{kind}"}} {count}')
     return lines

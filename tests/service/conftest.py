@@ -94,6 +94,8 @@ def make_settings(root: Path, url: str, **overrides: Any) -> Settings:
         "progress_interval_s": 0.05,
         "heartbeat_interval_s": 0.1,  # cancels are seen within a tenth of a second
         "reconcile_interval_s": 0.25,
+        # TestClient sends `Host: testserver`; the loopback names are the default ones.
+        "trusted_hosts": ["localhost", "127.0.0.1", "::1", "testserver"],
     }
     return Settings(**{**values, **overrides})
 

@@ -1,0 +1,70 @@
+"""The app served by a real uvicorn on a loopback port, in a thread: for what TestClient cannot
+do (hold several streaming responses open at once, see a client hang up)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.db.migrate import upgrade
+from service.jobs import Executor
+from service.settings import Settings
+from tests.service.conftest import make_settings
+
+
+@dataclass
+class Live:
+    url: str  # http://127.0.0.1:<port>
+    app: FastAPI
+    settings: Settings
+
+
+@contextmanager
+def live_service(
+    root: Path, url: str, examples: Path, *, job_executor: Executor | None = None, **overrides: Any
+) -> Iterator[Live]:
+    """running_service's app (examples under the allowed root, schema migrated), over HTTP."""
+    settings = make_settings(root, url, **overrides)
+    checkpoints = settings.source_roots[0]
+    for name in ("math", "swh"):
+        if not (checkpoints / name).exists():
+            shutil.copytree(examples / name, checkpoints / name)
+    upgrade(settings.database)
+    app = create_app(settings, executor=job_executor)
+    with serving(app) as base:
+        yield Live(base, app, settings)
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """Yields the base URL (`http://127.0.0.1:<port>`); stops the server on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive(), "uvicorn exited while starting"
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -1,0 +1,226 @@
+"""The HTTP edge: body limits before parsing and authentication, trusted Host and Origin
+(DNS rebinding, cross-site requests), JSON-only bodies, /metrics behind a key, /readyz telling
+an outage from a bug."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.app import create_app
+from service.auth import create_key
+from service.db.models import Job
+from service.settings import Settings
+from tests.service.conftest import Service, layer_swap, make_settings, running_service
+from tests.service.live import live_service
+from tests.service.test_api_lifecycle import HeldExecutor
+
+MiB = 1024 * 1024
+
+
+def error_of(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
+    return dict(body["error"])
+
+
+def job_count(service: Service) -> int:
+    with service.db.session() as session:
+        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def padded(size: int) -> bytes:
+    """A valid merge request, padded with JSON whitespace to `size` bytes: parsed, it would be
+    queued (or, without a key, refused by authentication)."""
+    body = json.dumps(layer_swap()).encode()
+    return body[:-1] + b" " * (size - len(body)) + b"}"
+
+
+@pytest.fixture
+def held(tmp_path: Path, examples: Path) -> Iterator[Service]:
+    """Jobs stay queued; the trusted hosts are the defaults (not the fixtures' `testserver`)."""
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    executor = HeldExecutor()
+    with running_service(tmp_path, url, examples, job_executor=executor, trusted_hosts=None) as s:
+        s.client.base_url = s.client.base_url.copy_with(host="localhost")
+        yield s
+
+
+# --- request body limit ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["no-auth", "auth-without-key"])
+def test_a_declared_body_over_the_limit_is_413_before_parsing_and_auth(
+    auth: bool, tmp_path: Path, examples: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, job_executor=HeldExecutor(), auth=auth) as s:
+        over = s.client.post(
+            "/v1/merges", content=padded(MiB + 1), headers={"content-type": "application/json"}
+        )
+        error = error_of(over, 413)
+        assert error["code"] == "request_too_large"
+        assert error["details"] == {"field": "body", "limit": MiB}
+        assert job_count(s) == 0  # a parsed body would have been queued (or a 401)
+
+        at_limit = s.client.post(
+            "/v1/merges", content=padded(MiB), headers={"content-type": "application/json"}
+        )
+        assert at_limit.status_code == (401 if auth else 202), at_limit.text
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["no-auth", "auth-without-key"])
+def test_a_chunked_body_is_cut_off_at_the_limit(auth: bool, tmp_path: Path, examples: Path) -> None:
+    """Real HTTP, chunked: the client sends a little more than the limit and never finishes
+    the body; the answer comes anyway, so the server stopped reading at the limit."""
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    limit, chunk = 64 * 1024, 4096
+    body = padded(16 * limit)
+    with live_service(
+        tmp_path, url, examples, job_executor=HeldExecutor(), auth=auth, max_request_bytes=limit
+    ) as live:
+        port = int(live.url.rsplit(":", 1)[1])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.putrequest("POST", "/v1/merges")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        for start in range(0, limit + 2 * chunk, chunk):
+            piece = body[start : start + chunk]
+            connection.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+        response = connection.getresponse()  # no final chunk was sent: the body is unfinished
+        assert response.status == 413
+        error = json.loads(response.read())["error"]
+        connection.close()
+        assert error["code"] == "request_too_large" and error["details"]["limit"] == limit
+        with live.app.state.context.db.session() as session:
+            assert session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+# --- Host, Origin, Content-Type -------------------------------------------------------------
+
+
+def test_default_trusted_hosts_are_loopback_and_a_named_bind_host(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).allowed_hosts == {"localhost", "127.0.0.1", "::1"}
+    named = Settings(data_dir=tmp_path, host="api.internal", auth=True)
+    assert "api.internal" in named.allowed_hosts
+    assert Settings(data_dir=tmp_path, host="0.0.0.0", auth=True).allowed_hosts == {
+        "localhost",
+        "127.0.0.1",
+        "::1",
+    }
+    assert Settings(data_dir=tmp_path, trusted_hosts=["API.example"]).allowed_hosts == {
+        "api.example"
+    }
+
+
+def test_an_untrusted_host_is_400_before_anything_runs(held: Service) -> None:
+    """DNS rebinding: the page's own name resolves to 127.0.0.1; the Host header still says it."""
+    for url in ("http://localhost:8000", "http://127.0.0.1:8000", "http://[::1]:8000"):
+        assert held.client.get(f"{url}/healthz").status_code == 200, url
+    for url in ("http://rebind.attacker.example:8000", "http://testserver", "http://127.0.0.2"):
+        error = error_of(held.client.get(f"{url}/v1/merges"), 400)
+        assert error["code"] == "invalid_host"
+        assert error["details"] == {"field": "host", "in": "header"}
+    rebound = held.client.post("http://rebind.attacker.example:8000/v1/merges", json=layer_swap())
+    assert error_of(rebound, 400)["code"] == "invalid_host"
+    assert job_count(held) == 0
+
+
+def test_star_trusts_every_host(tmp_path: Path, examples: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, trusted_hosts=["*"]) as s:
+        assert s.client.get("http://anything.example/healthz").status_code == 200
+        origin = {"Origin": "https://anything.example"}
+        assert s.client.get("/v1/merges", headers=origin).status_code == 200
+
+
+def test_a_cross_origin_request_is_403_even_without_a_body(held: Service) -> None:
+    """A browser sends Origin on every cross-site POST, a body-less cancel included."""
+    job = held.submit(layer_swap())
+    cancel = f"/v1/merges/{job['id']}/cancel"
+    for origin in ("https://evil.example", "http://localhost.evil.example", "null"):
+        error = error_of(held.client.post(cancel, headers={"Origin": origin}), 403)
+        assert error["code"] == "cross_origin"
+        assert error["details"] == {"field": "origin", "in": "header"}
+    assert held.client.get(f"/v1/merges/{job['id']}").json()["status"] == "queued"
+    submit = held.client.post("/v1/merges", json=layer_swap(), headers={"Origin": "null"})
+    assert error_of(submit, 403)["code"] == "cross_origin"
+    assert job_count(held) == 1
+
+    same_site = held.client.post(cancel, headers={"Origin": "http://localhost:8000"})
+    assert same_site.status_code == 202, same_site.text
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x",
+     "application/yaml", None],
+)  # fmt: skip
+def test_a_body_that_is_not_sent_as_json_is_415(held: Service, content_type: str | None) -> None:
+    """Form-encoded and text/plain bodies are what a page may send without a CORS preflight."""
+    headers = {"content-type": content_type} if content_type else {}
+    response = held.client.post("/v1/merges", content=padded(2000), headers=headers)
+    error = error_of(response, 415)
+    assert error["code"] == "unsupported_media_type"
+    assert error["details"] == {"field": "content-type", "in": "header"}
+    assert job_count(held) == 0
+    charset = {"content-type": "application/json; charset=utf-8"}
+    assert held.client.post("/v1/merges", content=padded(2000), headers=charset).status_code == 202
+
+
+# --- /metrics and /readyz -------------------------------------------------------------------
+
+
+def test_metrics_need_a_key_when_auth_is_on(tmp_path: Path, database_url: str, examples: Path) -> None:
+    with running_service(tmp_path, database_url, examples, auth=True) as s:
+        assert error_of(s.client.get("/metrics"), 401)["code"] == "unauthorized"
+        wrong = {"Authorization": "Bearer lsk_not-a-key"}
+        assert error_of(s.client.get("/metrics", headers=wrong), 401)["code"] == "unauthorized"
+        key = create_key(s.db, "team-a")
+        answer = s.client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+        assert answer.status_code == 200 and "layerswap_jobs" in answer.text
+
+
+class BrokenProbeExecutor(HeldExecutor):
+    """Our own executor whose broker probe has a bug (not a database error)."""
+
+    def broker_reachable(self) -> bool:
+        raise ValueError("probe bug")
+
+
+def test_readyz_answers_500_for_a_bug_not_database_unavailable(
+    tmp_path: Path, examples: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, job_executor=BrokenProbeExecutor()) as s:
+        client = TestClient(s.client.app, raise_server_exceptions=False)
+        with caplog.at_level(logging.ERROR, logger="layerswap.api"):
+            error = error_of(client.get("/readyz"), 500)
+        assert error["code"] == "internal_error"
+        logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is ValueError]
+        assert logged, "the bug must be logged with its traceback"
+
+
+def test_readyz_answers_503_when_the_database_is_down_or_not_migrated(tmp_path: Path) -> None:
+    unmigrated = make_settings(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
+    nothing_listens = make_settings(
+        tmp_path, "postgresql+psycopg://postgres@127.0.0.1:1/layerswap?connect_timeout=5"
+    )
+    for settings in (unmigrated, nothing_listens):
+        app = create_app(settings, executor=HeldExecutor())
+        bare = TestClient(app)  # no lifespan: start-up itself needs the database
+        error = error_of(bare.get("/readyz"), 503)
+        assert error["code"] == "database_unavailable"
+        assert bare.get("/readyz").headers["Retry-After"] == "5"
+        app.state.context.db.dispose()
