@@ -4,6 +4,7 @@ the README documents every setting. (No Docker engine here: the files are checke
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,24 @@ def test_compose_has_every_service(compose: dict[str, Any]) -> None:
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
     assert services["worker-cpu"]["profiles"] == ["cpu"] and "deploy" not in services["worker-cpu"]
+
+
+def test_compose_flower_is_local_password_protected_and_given_only_the_broker(
+    compose: dict[str, Any],
+) -> None:
+    flower = compose["services"]["flower"]
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]  # this host's loopback only
+    env = flower["environment"]
+    assert set(env) == {"FLOWER_BASIC_AUTH"}  # no database URL, no Hub tokens
+    # ${VAR:?message}: compose refuses to start flower without a password.
+    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", env["FLOWER_BASIC_AUTH"])
+    assert "volumes" not in flower  # not the data volume either
+    text = json.dumps(flower)
+    for secret in ("LAYERSWAP_", "POSTGRES", "HUB_CREDENTIALS", "postgresql"):
+        assert secret not in text, secret
+    command = flower["command"]
+    assert command[:2] == ["celery", "--broker=redis://redis:6379/0"] and "flower" in command
+    assert not any("basic_auth=" in part for part in command)  # not in `ps` or the file
 
 
 def test_compose_settings_are_real_and_valid(compose: dict[str, Any]) -> None:

@@ -182,7 +182,9 @@ def test_a_body_that_is_not_sent_as_json_is_415(held: Service, content_type: str
 # --- /metrics and /readyz -------------------------------------------------------------------
 
 
-def test_metrics_need_a_key_when_auth_is_on(tmp_path: Path, database_url: str, examples: Path) -> None:
+def test_metrics_need_a_key_when_auth_is_on(
+    tmp_path: Path, database_url: str, examples: Path
+) -> None:
     with running_service(tmp_path, database_url, examples, auth=True) as s:
         assert error_of(s.client.get("/metrics"), 401)["code"] == "unauthorized"
         wrong = {"Authorization": "Bearer lsk_not-a-key"}

@@ -39,7 +39,9 @@ def read_stream(live: Live, job_id: str, **headers: str) -> list[str]:
         return list(response.iter_lines())
 
 
-def test_a_stream_ends_by_itself_after_its_lifetime(tmp_path: Path, sqlite_url: str, examples: Path) -> None:
+def test_a_stream_ends_by_itself_after_its_lifetime(
+    tmp_path: Path, sqlite_url: str, examples: Path
+) -> None:
     """The job stays queued forever (nothing runs it); the stream still ends, and the client
     resumes where it was with Last-Event-ID."""
     with live_service(
