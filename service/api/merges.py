@@ -216,10 +216,8 @@ def merge_events(
 async def _event_stream(
     context: Context, tenant: str, job_id: str, after: int, request: Request
 ) -> AsyncIterator[str]:
-    # A stream has a lifetime, so a slot cannot be held forever; `retry` tells the client
-    # (an EventSource reconnects by itself) how soon to come back with its Last-Event-ID.
+    # A stream has a lifetime, so a slot cannot be held forever.
     deadline = time.monotonic() + context.settings.sse_max_seconds
-    yield f"retry: {SSE_RECONNECT_MS}\n\n"
     while not await request.is_disconnected():
         # The status first: a terminal status is committed with its event, so the events read
         # next include it, and the stream can end right after sending them.
@@ -232,6 +230,11 @@ async def _event_stream(
             created = as_utc(event.created_at).isoformat()
             data = json.dumps({"type": event.type, **event.data, "created_at": created})
             yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
-        if job.status in jobs.TERMINAL or time.monotonic() >= deadline:
+        if job.status in jobs.TERMINAL:
+            return
+        if time.monotonic() >= deadline:
+            # Not finished, only cut short: how soon to come back (an EventSource reconnects
+            # by itself, sending its Last-Event-ID).
+            yield f"retry: {SSE_RECONNECT_MS}\n\n"
             return
         await asyncio.sleep(min(SSE_POLL_S, max(deadline - time.monotonic(), 0.0)))

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from sqlalchemy import ColumnElement, Float, Select, case, cast, extract, func, select, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from service.api.deps import ApiKeyDep, Context, ContextDep
 from service.api.errors import error_response, is_database_outage
@@ -89,37 +90,42 @@ def metrics(context: ContextDep) -> Response:
     """Prometheus text format, computed in the database (aggregates only: the cost does not
     grow with the number of jobs held in memory) so every process agrees. With auth on, any
     valid API key may read it."""
-    lines = [
+    with context.db.session() as session:
+        lines = _job_lines(session) + _delivery_lines(session)
+        durations = session.execute(duration_histogram(context.db.engine.dialect.name)).all()
+    lines += _duration_lines(durations)
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+def _job_lines(session: Session) -> list[str]:
+    counts = session.execute(
+        select(Job.kind, Job.status, func.count()).group_by(Job.kind, Job.status)
+    ).all()
+    merged = session.scalar(
+        select(func.coalesce(func.sum(Job.bytes_total), 0)).where(
+            Job.kind == "merge", Job.status == "succeeded"
+        )
+    )
+    return [
         "# HELP layerswap_jobs Jobs by kind and status.",
         "# TYPE layerswap_jobs gauge",
-    ]
-    with context.db.session() as session:
-        counts = session.execute(
-            select(Job.kind, Job.status, func.count()).group_by(Job.kind, Job.status)
-        ).all()
-        merged = session.scalar(
-            select(func.coalesce(func.sum(Job.bytes_total), 0)).where(
-                Job.kind == "merge", Job.status == "succeeded"
-            )
-        )
-        retries = session.scalar(
-            select(func.coalesce(func.sum(Job.attempts - 1), 0)).where(Job.attempts > 1)
-        )
-        redispatched = session.scalar(
-            select(func.count()).select_from(JobEvent).where(JobEvent.type == "redispatched")
-        )
-        oldest_queued = session.scalar(
-            select(func.min(Job.created_at)).where(Job.status == "queued")
-        )
-        durations = session.execute(duration_histogram(context.db.engine.dialect.name)).all()
-    lines += [f'layerswap_jobs{{kind="{k}",status="{s}"}} {n}' for k, s, n in counts]
-    lines += [
+        *(f'layerswap_jobs{{kind="{k}",status="{s}"}} {n}' for k, s, n in counts),
         "# HELP layerswap_merged_bytes_total Bytes written by succeeded merges.",
         "# TYPE layerswap_merged_bytes_total counter",
         f"layerswap_merged_bytes_total {int(merged or 0)}",
     ]
+
+
+def _delivery_lines(session: Session) -> list[str]:
+    retries = session.scalar(
+        select(func.coalesce(func.sum(Job.attempts - 1), 0)).where(Job.attempts > 1)
+    )
+    redispatched = session.scalar(
+        select(func.count()).select_from(JobEvent).where(JobEvent.type == "redispatched")
+    )
+    oldest_queued = session.scalar(select(func.min(Job.created_at)).where(Job.status == "queued"))
     waiting = (utcnow() - as_utc(oldest_queued)).total_seconds() if oldest_queued else 0.0
-    lines += [
+    return [
         "# HELP layerswap_job_retries_total Attempts beyond the first (lost workers, restarts).",
         "# TYPE layerswap_job_retries_total counter",
         f"layerswap_job_retries_total {int(retries or 0)}",
@@ -130,8 +136,6 @@ def metrics(context: ContextDep) -> Response:
         "# TYPE layerswap_oldest_queued_seconds gauge",
         f"layerswap_oldest_queued_seconds {max(waiting, 0.0):.3f}",
     ]
-    lines += _duration_lines(durations)
-    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
 BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)

@@ -10,7 +10,7 @@ Content-Length, and for a chunked body by counting as it arrives.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import re
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -26,13 +26,23 @@ class BodyTooLarge(Exception):
     """Raised from `receive` to stop whoever is reading a body past the limit."""
 
 
-def host_of(url: str) -> str | None:
-    """The host, lower-case, of a URL or of a Host header given as `//name:port`; None for an
-    Origin of `null` and for junk."""
-    try:
-        return urlsplit(url).hostname or None
-    except ValueError:
+# `name[:port]` or `[v6]:port`, as a Host header or an Origin's authority is written; anything
+# else (userinfo, paths, spaces) names no host at all.
+AUTHORITY = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::\d{1,5})?")
+
+
+def host_of(authority: str) -> str | None:
+    """The host, lower-case, of a Host header; None when it is not well formed."""
+    found = AUTHORITY.fullmatch(authority)
+    if found is None:
         return None
+    return (found["v6"] or found["name"]).lower()
+
+
+def origin_host(origin: str) -> str | None:
+    """The host of an Origin header (`scheme://host[:port]`); None for `null` and junk."""
+    scheme, separator, authority = origin.partition("://")
+    return host_of(authority) if separator and scheme.isalpha() else None
 
 
 class RequestGuard:
@@ -58,26 +68,27 @@ class RequestGuard:
 
     def refusal(self, scope: Scope, headers: Headers) -> JSONResponse | None:
         host = headers.get("host", "")
-        if not self.trusted(host_of(f"//{host}")):
+        if not self.trusted(host_of(host)):
             return error_response(
                 400,
                 "invalid_host",
-                f"Host {host!r} is not a trusted name of this service (LAYERSWAP_TRUSTED_HOSTS)",
+                f"Host {host[:200]!r} is not a trusted name of this service "
+                "(LAYERSWAP_TRUSTED_HOSTS)",
                 {"field": "host", "in": "header"},
             )
         origin = headers.get("origin")
-        if origin is not None and not self.trusted(host_of(origin)):
+        if origin is not None and not self.trusted(origin_host(origin)):
             return error_response(
                 403,
                 "cross_origin",
-                f"requests from the web origin {origin!r} are refused",
+                f"requests from the web origin {origin[:200]!r} are refused",
                 {"field": "origin", "in": "header"},
             )
-        if scope["method"] not in BODY_METHODS:
-            return None
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             return self.too_large()
+        if scope["method"] not in BODY_METHODS:
+            return None
         has_body = "transfer-encoding" in headers or (declared.isdigit() and int(declared) > 0)
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
         if has_body and media_type != "application/json":

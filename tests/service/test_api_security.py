@@ -132,6 +132,9 @@ def test_an_untrusted_host_is_400_before_anything_runs(held: Service) -> None:
         error = error_of(held.client.get(f"{url}/v1/merges"), 400)
         assert error["code"] == "invalid_host"
         assert error["details"] == {"field": "host", "in": "header"}
+    for host in ("evil.example@localhost", "localhost/evil", "", "localhost:port"):
+        refused = held.client.get("/healthz", headers={"Host": host})
+        assert error_of(refused, 400)["code"] == "invalid_host", host
     rebound = held.client.post("http://rebind.attacker.example:8000/v1/merges", json=layer_swap())
     assert error_of(rebound, 400)["code"] == "invalid_host"
     assert job_count(held) == 0
@@ -149,7 +152,8 @@ def test_a_cross_origin_request_is_403_even_without_a_body(held: Service) -> Non
     """A browser sends Origin on every cross-site POST, a body-less cancel included."""
     job = held.submit(layer_swap())
     cancel = f"/v1/merges/{job['id']}/cancel"
-    for origin in ("https://evil.example", "http://localhost.evil.example", "null"):
+    for origin in ("https://evil.example", "http://localhost.evil.example", "null",
+                   "http://evil.example@localhost"):  # fmt: skip
         error = error_of(held.client.post(cancel, headers={"Origin": origin}), 403)
         assert error["code"] == "cross_origin"
         assert error["details"] == {"field": "origin", "in": "header"}

@@ -49,12 +49,13 @@ def test_a_stream_ends_by_itself_after_its_lifetime(
     ) as live:
         job_id = submit(live)
         lines = read_stream(live, job_id)
-        assert lines[0].startswith("retry: ") and int(lines[0].split()[1]) > 0
+        hint = [line for line in lines if line][-1]  # the last field: come back soon
+        assert hint.startswith("retry: ") and int(hint.split()[1]) > 0
         ids = [line.removeprefix("id: ") for line in lines if line.startswith("id: ")]
         assert "event: queued" in lines and len(ids) == 1
 
         resumed = read_stream(live, job_id, **{"Last-Event-ID": ids[0]})
-        assert [line for line in resumed if line.startswith(("id:", "event:"))] == []
+        assert [line for line in resumed if line] == [hint]  # nothing sent twice
         job = httpx.get(f"{live.url}/v1/merges/{job_id}", timeout=30).json()
         assert job["status"] == "queued"  # it ended by its lifetime, not with the job
         slots = live.app.state.context.streams
