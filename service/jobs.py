@@ -207,21 +207,44 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
-    """Queued jobs stop at once; running ones are asked to stop (checked between tensors)."""
+    """Queued jobs stop at once; running ones are asked to stop (checked between tensors).
+
+    Each move is a compare-and-set UPDATE on the status, never a read then a write: a job
+    that finishes meanwhile is not flipped to canceled (on SQLite, whose `FOR UPDATE` is a
+    no-op, the read and the write could straddle the worker's commit)."""
+    if not is_id(job_id):
+        raise NotFound(f"no such job: {job_id}")
+    mine = and_(Job.id == job_id, Job.tenant_id == tenant)
+    moves = (
+        (QUEUED, {"status": CANCELED, "finished_at": utcnow()}, CANCELED),
+        (RUNNING, {"status": CANCELING}, CANCELING),
+    )
     with db.session() as session:
-        job = session.get(Job, job_id, with_for_update=not db.is_sqlite) if is_id(job_id) else None
-        if job is None or job.tenant_id != tenant:
-            raise NotFound(f"no such job: {job_id}")
-        if job.status in TERMINAL:
-            raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
-        job.cancel_requested = True
-        if job.status == QUEUED:
-            job.status, job.finished_at = CANCELED, utcnow()
-            add_event(session, job.id, CANCELED, reason="canceled before it started")
-        elif job.status == RUNNING:
-            job.status = CANCELING
-            add_event(session, job.id, CANCELING)
-        return job
+        for _ in range(3):  # a move can lose to a claim or a re-queue: look again
+            for before, values, event in moves:
+                moved: Any = session.execute(
+                    update(Job)
+                    .where(mine, Job.status == before)
+                    .values(cancel_requested=True, **values)
+                )
+                if int(moved.rowcount) == 1:
+                    reason = {"reason": "canceled before it started"} if before == QUEUED else {}
+                    add_event(session, job_id, event, **reason)
+                    return _fresh(session, job_id)
+            job = session.get(Job, job_id, populate_existing=True)
+            if job is None or job.tenant_id != tenant:
+                raise NotFound(f"no such job: {job_id}")
+            if job.status in TERMINAL:
+                raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
+            if job.status == CANCELING:
+                return job  # asked before: nothing more to do
+        raise Conflict(f"job {job_id} keeps changing state; retry", details={"status": job.status})
+
+
+def _fresh(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id, populate_existing=True)
+    assert job is not None
+    return job
 
 
 def claim(db: Database, job_id: str) -> int | None:

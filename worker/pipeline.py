@@ -25,7 +25,7 @@ from service.settings import Settings
 from service.sources import resolve_source
 from worker.engine.errors import EngineError, MergeCanceled, OutputError
 from worker.engine.progress import Progress
-from worker.lease import JobLease, LeaseLost, held_row, write_with_retry
+from worker.lease import JobLease, LeaseLost, settle, write_with_retry
 from worker.outputs import made_by, published_by_earlier_attempt, remove_leftovers
 
 log = logging.getLogger("layerswap.pipeline")
@@ -75,11 +75,8 @@ def _error_dict(error: EngineError | ServiceError) -> dict[str, Any]:
 
 def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **values: Any) -> None:
     def write(session: Session) -> None:
-        job = held_row(session, db, lease)
-        job.status, job.finished_at, job.stage = status, utcnow(), None
-        for key, value in values.items():
-            setattr(job, key, value)
-        jobs.add_event(session, job.id, status, **(values.get("error") or {}))
+        settle(session, lease, status=status, finished_at=utcnow(), stage=None, **values)
+        jobs.add_event(session, lease.job_id, status, **(values.get("error") or {}))
 
     try:
         write_with_retry(db, lease, write, settings.db_retry_s)
@@ -121,7 +118,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         inputs = fetched.directories if fetched else {}
 
         def record(session: Session) -> None:
-            row = held_row(session, db, lease)
+            row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
             manifest = result.manifest
             config = _read_config(out_dir)
             output = get_or_create_artifact(
@@ -136,7 +133,6 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
                 output.published = [*(output.published or []), published]
             links = _input_links(session, job, manifest, settings, inputs)
             link(session, row, links, output)
-            row.status, row.finished_at, row.stage = jobs.SUCCEEDED, utcnow(), None
             row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
             row.plan_summary = manifest["layers"]
             row.result = {
