@@ -238,7 +238,7 @@ def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
                 raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
             if job.status == CANCELING:
                 return job  # asked before: nothing more to do
-        raise Conflict(f"job {job_id} keeps changing state; retry", details={"status": job.status})
+        raise Conflict(f"job {job_id} keeps changing state; retry", details={"field": "job_id"})
 
 
 def _fresh(session: Session, job_id: str) -> Job:
