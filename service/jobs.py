@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, as_utc, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from service.quota import check_room
 from service.settings import Settings
 
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
@@ -29,6 +31,7 @@ SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
+log = logging.getLogger("layerswap.jobs")
 
 
 class Executor(Protocol):
@@ -93,11 +96,9 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         with db.session() as session:
             if new.idempotency_key and (found := _by_key(session, new, digest)):
                 return found, False  # a retry: its job may well have written the output
-            if new.kind == "merge" and _output_dir(settings, new.tenant, name).exists():
-                raise Conflict(
-                    f"output.name: an artifact named {name!r} already exists",
-                    details={"field": "output.name"},
-                )
+            check_room(session, settings, new.tenant)
+            if new.kind == "merge":
+                _free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
             job = Job(
                 id=job_id,
                 tenant_id=new.tenant,
@@ -133,6 +134,25 @@ def _by_key(session: Session, new: NewJob, digest: str) -> Job | None:
             details={"job_id": job.id},
         )
     return job
+
+
+def _free_name(session: Session, out_dir: Path, tenant: str) -> None:
+    """409 if an output already holds this name, unless that output is an orphan: published by
+    a job of this tenant's that then ended without succeeding (its manifest names the job),
+    which is removed. Never another job's live output, nor a succeeded job's."""
+    from worker.outputs import output_owner, remove_orphan
+
+    if not out_dir.exists():
+        return
+    owner_id = output_owner(out_dir)
+    owner = session.get(Job, owner_id) if owner_id and is_id(owner_id) else None
+    if owner is None or owner.tenant_id != tenant or owner.status not in (FAILED, CANCELED):
+        raise Conflict(
+            f"output.name: an artifact named {out_dir.name!r} already exists",
+            details={"field": "output.name"},
+        )
+    remove_orphan(out_dir, owner.id)
+    log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)
 
 
 def _output_dir(settings: Settings, tenant: str, name: str) -> Path:
@@ -292,12 +312,16 @@ def requeue_interrupted(db: Database) -> list[tuple[str, str]]:
     return queued(db)
 
 
-def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
+def requeue_stale(
+    db: Database, stale_after_s: float, settings: Settings | None = None
+) -> list[tuple[str, str]]:
     """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
     them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
 
     Each row moves by a compare-and-set on (status, attempt, stale heartbeat), so reconcilers
-    in several processes, or a worker that beats at the last moment, never double a job."""
+    in several processes, or a worker that beats at the last moment, never double a job. With
+    `settings`, a merge that ends here (canceled, or out of attempts) loses the output its lost
+    attempt may have published: nothing will record it, and it would hold the name forever."""
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     with db.session() as session:
         stale = session.scalars(
@@ -323,7 +347,16 @@ def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
             add_event(session, job.id, status, **event)
         if status == QUEUED:
             requeued.append((job.id, job.kind))
+        elif settings is not None and job.kind == "merge":
+            _remove_orphan(output_dir(settings, job), job.id)
     return requeued
+
+
+def _remove_orphan(out_dir: Path, job_id: str) -> None:
+    from worker.outputs import remove_orphan
+
+    if remove_orphan(out_dir, job_id):
+        log.warning("job %s ended without succeeding: removed its output %s", job_id, out_dir)
 
 
 def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -53,7 +53,7 @@ class Reconciler:
 
     def run_once(self) -> Reconciled:
         done = Reconciled()
-        for job_id, kind in jobs.requeue_stale(self.db, self.settings.stale_after_s):
+        for job_id, kind in jobs.requeue_stale(self.db, self.settings.stale_after_s, self.settings):
             log.warning("job %s: heartbeat stale; re-queued", job_id)
             self.executor.dispatch(job_id, kind)
             done.requeued.append(job_id)

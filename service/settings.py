@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     db_retry_s: float = Field(
         60.0, ge=0, description="how long a job keeps retrying its final write to the database"
     )
+    tenant_quota_bytes: int = Field(
+        0, ge=0, description="bytes of stored outputs and analyses per tenant (0: unlimited)"
+    )
 
     @model_validator(mode="after")
     def _safe_binding(self) -> Self:
