@@ -9,10 +9,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +19,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import Job, JobEvent, LineageEdge, Tenant, as_utc, utcnow
+from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from service.quota import check_room
@@ -31,7 +30,6 @@ SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
-log = logging.getLogger("layerswap.jobs")
 
 
 class Executor(Protocol):
@@ -98,7 +96,9 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
                 return found, False  # a retry: its job may well have written the output
             check_room(session, settings, new.tenant)
             if new.kind == "merge":
-                _free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
+                from worker.outputs import free_name  # reads manifests: the worker's side
+
+                free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
             job = Job(
                 id=job_id,
                 tenant_id=new.tenant,
@@ -134,25 +134,6 @@ def _by_key(session: Session, new: NewJob, digest: str) -> Job | None:
             details={"job_id": job.id},
         )
     return job
-
-
-def _free_name(session: Session, out_dir: Path, tenant: str) -> None:
-    """409 if an output already holds this name, unless that output is an orphan: published by
-    a job of this tenant's that then ended without succeeding (its manifest names the job),
-    which is removed. Never another job's live output, nor a succeeded job's."""
-    from worker.outputs import output_owner, remove_orphan
-
-    if not out_dir.exists():
-        return
-    owner_id = output_owner(out_dir)
-    owner = session.get(Job, owner_id) if owner_id and is_id(owner_id) else None
-    if owner is None or owner.tenant_id != tenant or owner.status not in (FAILED, CANCELED):
-        raise Conflict(
-            f"output.name: an artifact named {out_dir.name!r} already exists",
-            details={"field": "output.name"},
-        )
-    remove_orphan(out_dir, owner.id)
-    log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)
 
 
 def _output_dir(settings: Settings, tenant: str, name: str) -> Path:
@@ -312,54 +293,7 @@ def requeue_interrupted(db: Database) -> list[tuple[str, str]]:
     return queued(db)
 
 
-def requeue_stale(
-    db: Database, stale_after_s: float, settings: Settings | None = None
-) -> list[tuple[str, str]]:
-    """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
-    them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
-
-    Each row moves by a compare-and-set on (status, attempt, stale heartbeat), so reconcilers
-    in several processes, or a worker that beats at the last moment, never double a job. With
-    `settings`, a merge that ends here (canceled, or out of attempts) loses the output its lost
-    attempt may have published: nothing will record it, and it would hold the name forever."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    with db.session() as session:
-        stale = session.scalars(
-            select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
-        ).all()
-    requeued = []
-    for job in stale:
-        silent = (utcnow() - (as_utc(job.heartbeat_at) or cutoff)).total_seconds()
-        status, values, event = _after_loss(job, f"no heartbeat for {silent:.0f} s")
-        with db.session() as session:
-            moved: Any = session.execute(
-                update(Job)
-                .where(
-                    Job.id == job.id,
-                    Job.status == job.status,
-                    Job.attempts == job.attempts,
-                    Job.heartbeat_at < cutoff,
-                )
-                .values(status=status, stage=None, **values)
-            )
-            if int(moved.rowcount) != 1:
-                continue  # it beat, finished, or another reconciler took it
-            add_event(session, job.id, status, **event)
-        if status == QUEUED:
-            requeued.append((job.id, job.kind))
-        elif settings is not None and job.kind == "merge":
-            _remove_orphan(output_dir(settings, job), job.id)
-    return requeued
-
-
-def _remove_orphan(out_dir: Path, job_id: str) -> None:
-    from worker.outputs import remove_orphan
-
-    if remove_orphan(out_dir, job_id):
-        log.warning("job %s ended without succeeding: removed its output %s", job_id, out_dir)
-
-
-def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued.
     Returns the new status, the columns to set and the event's data."""
     if job.status == CANCELING:
@@ -375,7 +309,7 @@ def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]
 
 
 def _give_back(session: Session, job: Job, why: str) -> None:
-    status, values, event = _after_loss(job, why)
+    status, values, event = after_loss(job, why)
     job.status, job.stage = status, None
     for key, value in values.items():
         setattr(job, key, value)

@@ -4,10 +4,19 @@ a complete output to adopt) and whose output a directory is."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Job
+from service.errors import Conflict
+
+log = logging.getLogger("layerswap.outputs")
 
 
 def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
@@ -87,3 +96,24 @@ def remove_leftovers(out_dir: Path, job_id: str, attempt: int) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
         elif entry.name.startswith(old) and _OLD_SUFFIX.fullmatch(entry.name.removeprefix(old)):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def free_name(session: Session, out_dir: Path, tenant: str) -> None:
+    """409 if an output already holds this name, unless that output is an orphan: published by
+    a job of this tenant's that then ended without succeeding (its manifest names the job),
+    which is removed. Never another job's live output, nor a succeeded job's."""
+    if not out_dir.exists():
+        return
+    owner_id = output_owner(out_dir)
+    owner = session.get(Job, owner_id) if owner_id and jobs.is_id(owner_id) else None
+    if (
+        owner is None
+        or owner.tenant_id != tenant
+        or owner.status not in (jobs.FAILED, jobs.CANCELED)
+    ):
+        raise Conflict(
+            f"output.name: an artifact named {out_dir.name!r} already exists",
+            details={"field": "output.name"},
+        )
+    remove_orphan(out_dir, owner.id)
+    log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)
