@@ -59,9 +59,6 @@ class JobLease:
             Job.id == self.job_id, Job.attempts == self.attempt, Job.status.in_(jobs.ACTIVE)
         )
 
-    def holds(self, job: Job) -> bool:
-        return job.attempts == self.attempt and job.status in jobs.ACTIVE
-
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
