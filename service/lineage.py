@@ -208,7 +208,10 @@ def analyses_root(settings: Settings) -> Path:
 def delete_artifact(db: Database, settings: Settings, *, tenant: str, artifact_id: str) -> None:
     """Remove a stored artifact's files and mark it deleted (its row stays: lineage still shows
     it). 404 for another tenant's; 409 while a queued or running job reads or writes it, or
-    for an input the service did not store. Deleting a deleted artifact changes nothing."""
+    for an input the service did not store. Deleting a deleted artifact changes nothing.
+
+    Not serialised with submits: a job submitted in the instant between this check and the
+    files' removal (its own source check saw them) fails with its source missing."""
     with db.session() as session:
         artifact = session.get(Artifact, artifact_id) if is_id(artifact_id) else None
         if artifact is None or artifact.tenant_id != tenant:
