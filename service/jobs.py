@@ -11,7 +11,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,9 +19,10 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import Job, JobEvent, LineageEdge, Tenant, as_utc, utcnow
+from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from service.quota import check_room
 from service.settings import Settings
 
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
@@ -93,11 +94,11 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         with db.session() as session:
             if new.idempotency_key and (found := _by_key(session, new, digest)):
                 return found, False  # a retry: its job may well have written the output
-            if new.kind == "merge" and _output_dir(settings, new.tenant, name).exists():
-                raise Conflict(
-                    f"output.name: an artifact named {name!r} already exists",
-                    details={"field": "output.name"},
-                )
+            check_room(session, settings, new.tenant)
+            if new.kind == "merge":
+                from worker.outputs import free_name  # reads manifests: the worker's side
+
+                free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
             job = Job(
                 id=job_id,
                 tenant_id=new.tenant,
@@ -207,21 +208,44 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
-    """Queued jobs stop at once; running ones are asked to stop (checked between tensors)."""
+    """Queued jobs stop at once; running ones are asked to stop (checked between tensors).
+
+    Each move is a compare-and-set UPDATE on the status, never a read then a write: a job
+    that finishes meanwhile is not flipped to canceled (on SQLite, whose `FOR UPDATE` is a
+    no-op, the read and the write could straddle the worker's commit)."""
+    if not is_id(job_id):
+        raise NotFound(f"no such job: {job_id}")
+    mine = and_(Job.id == job_id, Job.tenant_id == tenant)
+    moves = (
+        (QUEUED, {"status": CANCELED, "finished_at": utcnow()}, CANCELED),
+        (RUNNING, {"status": CANCELING}, CANCELING),
+    )
     with db.session() as session:
-        job = session.get(Job, job_id, with_for_update=not db.is_sqlite) if is_id(job_id) else None
-        if job is None or job.tenant_id != tenant:
-            raise NotFound(f"no such job: {job_id}")
-        if job.status in TERMINAL:
-            raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
-        job.cancel_requested = True
-        if job.status == QUEUED:
-            job.status, job.finished_at = CANCELED, utcnow()
-            add_event(session, job.id, CANCELED, reason="canceled before it started")
-        elif job.status == RUNNING:
-            job.status = CANCELING
-            add_event(session, job.id, CANCELING)
-        return job
+        for _ in range(3):  # a move can lose to a claim or a re-queue: look again
+            for before, values, event in moves:
+                moved: Any = session.execute(
+                    update(Job)
+                    .where(mine, Job.status == before)
+                    .values(cancel_requested=True, **values)
+                )
+                if int(moved.rowcount) == 1:
+                    reason = {"reason": "canceled before it started"} if before == QUEUED else {}
+                    add_event(session, job_id, event, **reason)
+                    return _fresh(session, job_id)
+            job = session.get(Job, job_id, populate_existing=True)
+            if job is None or job.tenant_id != tenant:
+                raise NotFound(f"no such job: {job_id}")
+            if job.status in TERMINAL:
+                raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
+            if job.status == CANCELING:
+                return job  # asked before: nothing more to do
+        raise Conflict(f"job {job_id} keeps changing state; retry", details={"field": "job_id"})
+
+
+def _fresh(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id, populate_existing=True)
+    assert job is not None
+    return job
 
 
 def claim(db: Database, job_id: str) -> int | None:
@@ -269,41 +293,7 @@ def requeue_interrupted(db: Database) -> list[tuple[str, str]]:
     return queued(db)
 
 
-def requeue_stale(db: Database, stale_after_s: float) -> list[tuple[str, str]]:
-    """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
-    them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
-
-    Each row moves by a compare-and-set on (status, attempt, stale heartbeat), so reconcilers
-    in several processes, or a worker that beats at the last moment, never double a job."""
-    cutoff = utcnow() - timedelta(seconds=stale_after_s)
-    with db.session() as session:
-        stale = session.scalars(
-            select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
-        ).all()
-    requeued = []
-    for job in stale:
-        silent = (utcnow() - (as_utc(job.heartbeat_at) or cutoff)).total_seconds()
-        status, values, event = _after_loss(job, f"no heartbeat for {silent:.0f} s")
-        with db.session() as session:
-            moved: Any = session.execute(
-                update(Job)
-                .where(
-                    Job.id == job.id,
-                    Job.status == job.status,
-                    Job.attempts == job.attempts,
-                    Job.heartbeat_at < cutoff,
-                )
-                .values(status=status, stage=None, **values)
-            )
-            if int(moved.rowcount) != 1:
-                continue  # it beat, finished, or another reconciler took it
-            add_event(session, job.id, status, **event)
-        if status == QUEUED:
-            requeued.append((job.id, job.kind))
-    return requeued
-
-
-def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """An attempt was lost: canceling -> canceled; out of attempts -> failed; else queued.
     Returns the new status, the columns to set and the event's data."""
     if job.status == CANCELING:
@@ -319,7 +309,7 @@ def _after_loss(job: Job, why: str) -> tuple[str, dict[str, Any], dict[str, Any]
 
 
 def _give_back(session: Session, job: Job, why: str) -> None:
-    status, values, event = _after_loss(job, why)
+    status, values, event = after_loss(job, why)
     job.status, job.stage = status, None
     for key, value in values.items():
         setattr(job, key, value)

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import shutil
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Artifact, Job, LineageEdge, as_utc
+from service.db.models import Artifact, Job, LineageEdge, as_utc, utcnow
 from service.db.session import Database
-from service.errors import NotFound
-from service.jobs import is_id, new_id
+from service.errors import Conflict, NotFound, ServiceError
+from service.jobs import CANCELING, QUEUED, RUNNING, is_id, new_id, output_dir
+from service.settings import Settings
+from service.sources import resolve_source
+
+log = logging.getLogger("layerswap.lineage")
+
+
+class NotDeletable(ServiceError):
+    """409: only what the service stored (merge outputs, analyses) can be deleted through it;
+    an input checkpoint belongs to whoever put it there."""
+
+    code = "artifact_not_deletable"
+    status = 409
 
 
 def content_digest(files: dict[str, str]) -> str:
@@ -31,7 +45,11 @@ def get_or_create_artifact(
     digest = content_digest(files)
     here = session.scalars(
         select(Artifact)
-        .where(Artifact.tenant_id == tenant, Artifact.location == str(location))
+        .where(
+            Artifact.tenant_id == tenant,
+            Artifact.location == str(location),
+            Artifact.deleted_at.is_(None),  # a new output under a deleted one's name is new
+        )
         .order_by(Artifact.created_at)
     ).all()
     for found in sorted(here, key=lambda a: a.content_digest != digest):
@@ -51,6 +69,11 @@ def get_or_create_artifact(
     session.add(artifact)
     session.flush()
     return artifact
+
+
+def stored_size(location: Path, files: dict[str, str]) -> int:
+    """Bytes of an artifact the service wrote (what counts against its tenant's quota)."""
+    return sum((location / name).stat().st_size for name in files)
 
 
 @dataclass(frozen=True)
@@ -170,4 +193,91 @@ def artifact_dict(artifact: Artifact) -> dict[str, Any]:
         "files": [{"name": n, "sha256": s} for n, s in sorted(artifact.files.items())],
         "published": artifact.published or [],
         "created_at": as_utc(artifact.created_at).isoformat(),
+        "size_bytes": artifact.size_bytes,
+        "deleted_at": deleted.isoformat() if (deleted := as_utc(artifact.deleted_at)) else None,
     }
+
+
+def analyses_root(settings: Settings) -> Path:
+    """Where analyses are stored: beside the artifacts directory, not in it, since each tenant's
+    part of that is the namespace of its merge outputs (one may be named `analyses`) and a
+    source root."""
+    return settings.artifacts_dir.parent / "analyses"
+
+
+def delete_artifact(db: Database, settings: Settings, *, tenant: str, artifact_id: str) -> None:
+    """Remove a stored artifact's files and mark it deleted (its row stays: lineage still shows
+    it). 404 for another tenant's; 409 while a queued or running job reads or writes it, or
+    for an input the service did not store. Deleting a deleted artifact changes nothing.
+
+    Not serialised with submits: a job submitted in the instant between this check and the
+    files' removal (its own source check saw them) fails with its source missing."""
+    with db.session() as session:
+        artifact = session.get(Artifact, artifact_id) if is_id(artifact_id) else None
+        if artifact is None or artifact.tenant_id != tenant:
+            raise NotFound(f"no such artifact: {artifact_id}")
+        location = Path(artifact.location)
+        if artifact.deleted_at is not None:
+            return
+        if not _stored(settings, tenant, location):
+            raise NotDeletable(
+                f"artifact {artifact_id} is an input the service did not store; it cannot be "
+                "deleted through the API",
+                details={"location": artifact.location},
+            )
+        if busy := _jobs_using(session, settings, tenant, location):
+            raise Conflict(
+                f"artifact {artifact_id} is in use by {len(busy)} unfinished job(s)",
+                details={"jobs": busy},
+            )
+        session.execute(
+            update(Artifact)
+            .where(Artifact.id == artifact_id, Artifact.deleted_at.is_(None))
+            .values(deleted_at=utcnow())
+        )
+    # After the commit: a crash in between leaves files that no longer count, not a live
+    # artifact without its files.
+    shutil.rmtree(location, ignore_errors=True)
+    if location.exists():
+        log.warning("artifact %s: deleted, but %s could not be removed", artifact_id, location)
+
+
+def _stored(settings: Settings, tenant: str, location: Path) -> bool:
+    return any(
+        location.is_relative_to(root) and location != root
+        for root in (settings.artifacts_dir / tenant, analyses_root(settings) / tenant)
+    )
+
+
+def _jobs_using(session: Session, settings: Settings, tenant: str, location: Path) -> list[str]:
+    """Unfinished jobs of the tenant that write `location` (their output) or read it."""
+    unfinished = session.scalars(
+        select(Job).where(Job.tenant_id == tenant, Job.status.in_((QUEUED, RUNNING, CANCELING)))
+    )
+    real = location.resolve()
+    return [
+        job.id
+        for job in unfinished
+        if (job.kind == "merge" and output_dir(settings, job) == location)
+        or real in _local_sources(job, settings)
+    ]
+
+
+def _local_sources(job: Job, settings: Settings) -> set[Path]:
+    from worker.engine.recipe import named_sources, parse_recipe
+    from worker.hub.refs import is_hub_source
+
+    request = job.request
+    if job.kind == "analysis":
+        sources = [request["base"], *(e["path"] for e in request["experts"])]
+    else:
+        sources = [n.source for n in named_sources(parse_recipe(request))]
+    found = set()
+    for source in sources:
+        if is_hub_source(source):
+            continue
+        try:
+            found.add(resolve_source(source, settings, job.tenant_id, must_exist=False))
+        except ServiceError:
+            continue  # a source no longer allowed reads nothing here
+    return found

@@ -14,12 +14,17 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
 
 from service import jobs
-from service.db.models import utcnow
+from service.db.models import Job, as_utc, utcnow
 from service.db.session import Database
 from service.jobs import Executor
 from service.settings import Settings
+from worker.outputs import remove_orphan
 
 log = logging.getLogger("layerswap.reconciler")
 
@@ -53,7 +58,7 @@ class Reconciler:
 
     def run_once(self) -> Reconciled:
         done = Reconciled()
-        for job_id, kind in jobs.requeue_stale(self.db, self.settings.stale_after_s):
+        for job_id, kind in requeue_stale(self.db, self.settings.stale_after_s, self.settings):
             log.warning("job %s: heartbeat stale; re-queued", job_id)
             self.executor.dispatch(job_id, kind)
             done.requeued.append(job_id)
@@ -81,3 +86,48 @@ class Reconciler:
                 for job_id in done.redispatched:
                     jobs.add_event(session, job_id, "redispatched", reason="delivery lost")
         return done
+
+
+def requeue_stale(
+    db: Database, stale_after_s: float, settings: Settings | None = None
+) -> list[tuple[str, str]]:
+    """Running jobs whose heartbeat is older than `stale_after_s` lost their worker: re-queue
+    them (or fail them when out of attempts). Returns the re-queued (id, kind)s.
+
+    Each row moves by a compare-and-set on (status, attempt, stale heartbeat), so reconcilers
+    in several processes, or a worker that beats at the last moment, never double a job. With
+    `settings`, a merge that ends here (canceled, or out of attempts) loses the output its lost
+    attempt may have published: nothing will record it, and it would hold the name forever."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_s)
+    with db.session() as session:
+        stale = session.scalars(
+            select(Job).where(Job.status.in_(jobs.ACTIVE), Job.heartbeat_at < cutoff)
+        ).all()
+    requeued = []
+    for job in stale:
+        silent = (utcnow() - (as_utc(job.heartbeat_at) or cutoff)).total_seconds()
+        status, values, event = jobs.after_loss(job, f"no heartbeat for {silent:.0f} s")
+        with db.session() as session:
+            moved: Any = session.execute(
+                update(Job)
+                .where(
+                    Job.id == job.id,
+                    Job.status == job.status,
+                    Job.attempts == job.attempts,
+                    Job.heartbeat_at < cutoff,
+                )
+                .values(status=status, stage=None, **values)
+            )
+            if int(moved.rowcount) != 1:
+                continue  # it beat, finished, or another reconciler took it
+            jobs.add_event(session, job.id, status, **event)
+        if status == jobs.QUEUED:
+            requeued.append((job.id, job.kind))
+        elif settings is not None and job.kind == "merge":
+            _remove_orphan(jobs.output_dir(settings, job), job.id)
+    return requeued
+
+
+def _remove_orphan(out_dir: Path, job_id: str) -> None:
+    if remove_orphan(out_dir, job_id):
+        log.warning("job %s ended without succeeding: removed its output %s", job_id, out_dir)

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     sse_streams_per_tenant: int = Field(
         8, ge=1, description="concurrent event streams a tenant may hold open per API process"
     )
+    tenant_quota_bytes: int = Field(
+        0, ge=0, description="bytes of stored outputs and analyses per tenant (0: unlimited)"
+    )
 
     @model_validator(mode="after")
     def _safe_binding(self) -> Self:

@@ -1,21 +1,41 @@
-"""Delta analysis as a job: the engine's analysis, written under the artifacts directory."""
+"""Delta analysis as a job: the engine's analysis, written under the analyses directory and
+recorded as an artifact of kind `analysis` (so DELETE /v1/artifacts/{id} frees its space)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.db.models import Job
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Job, utcnow
+from service.lineage import analyses_root, get_or_create_artifact, stored_size
 from service.settings import Settings
 from service.sources import resolve_source
+from worker.lease import JobLease, settle
 
 
 def analysis_dir(settings: Settings, job: Job) -> Path:
+    """Where a finished analysis's files are: the location it recorded, or, for analyses from
+    before that was recorded, where they were written then."""
+    stored = (job.result or {}).get("location")
+    if isinstance(stored, str):
+        return Path(stored)
     return settings.artifacts_dir / job.tenant_id / "analyses" / job.id
 
 
-def run_analysis(job: Job, settings: Settings) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Analysis:
+    location: Path
+    files: dict[str, str]  # name -> sha256
+    summary: dict[str, Any]
+
+
+def run_analysis(job: Job, settings: Settings) -> Analysis:
     from worker.engine.analysis import analyze
+    from worker.engine.digests import file_sha256
 
     request = job.request
     tenant = job.tenant_id
@@ -30,11 +50,29 @@ def run_analysis(job: Job, settings: Settings) -> dict[str, Any]:
         task=request.get("task"),
         language=request.get("language"),
     )
-    out = analysis_dir(settings, job)
+    out = analyses_root(settings) / tenant / job.id
     written = result.write(out)
     data = result.to_json()
-    return {
+    summary = {
         "files": [p.name for p in written],
         "suggestion": data.get("suggestion"),
         "threshold": data.get("threshold"),
+        "location": str(out),
     }
+    return Analysis(out, {p.name: file_sha256(p) for p in written}, summary)
+
+
+def record_analysis(session: Session, lease: JobLease, job: Job, analysis: Analysis) -> None:
+    """The attempt's end: succeeded (compare-and-set), with the files as an artifact."""
+    row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
+    artifact = get_or_create_artifact(
+        session,
+        tenant=job.tenant_id,
+        location=analysis.location,
+        files=analysis.files,
+        kind="analysis",
+        size_bytes=stored_size(analysis.location, analysis.files),
+    )
+    row.output_artifact_id = artifact.id
+    row.result = {**analysis.summary, "artifact_id": artifact.id}
+    jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=artifact.id)

@@ -59,9 +59,6 @@ class JobLease:
             Job.id == self.job_id, Job.attempts == self.attempt, Job.status.in_(jobs.ACTIVE)
         )
 
-    def holds(self, job: Job) -> bool:
-        return job.attempts == self.attempt and job.status in jobs.ACTIVE
-
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             try:
@@ -114,10 +111,18 @@ class JobLease:
             log.warning("job %s: progress not written (%s)", self.job_id, brief(e))
 
 
-def held_row(session: Session, db: Database, lease: JobLease) -> Job:
-    job = session.get(Job, lease.job_id, with_for_update=not db.is_sqlite)
-    if job is None or not lease.holds(job):
+def settle(session: Session, lease: JobLease, **values: Any) -> Job:
+    """This attempt's final move, as one compare-and-set UPDATE fenced by (attempt, status
+    running|canceling); the row as it now is, or LeaseLost when the job moved on (re-queued,
+    given up, or finished) first. Never a read then a write: on SQLite, whose `FOR UPDATE` does
+    nothing, the two could straddle the reconciler's commit. The UPDATE also holds the row (the
+    database, on SQLite) until the caller's transaction ends, so what it writes next with the
+    returned row (lineage, events) lands only where the move did."""
+    moved: Any = session.execute(lease.fenced().values(**values))
+    if int(moved.rowcount) != 1:
         raise LeaseLost(lease.job_id)
+    job = session.get(Job, lease.job_id, populate_existing=True)
+    assert job is not None
     return job
 
 

@@ -4,9 +4,19 @@ a complete output to adopt) and whose output a directory is."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Job
+from service.errors import Conflict
+
+log = logging.getLogger("layerswap.outputs")
 
 
 def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
@@ -33,8 +43,7 @@ def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
 
 
 def made_by(out_dir: Path, job_id: str) -> bool:
-    manifest = read_manifest(out_dir)
-    return manifest is not None and manifest.get("job", {}).get("id") == job_id
+    return output_owner(out_dir) == job_id
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any] | None:
@@ -47,16 +56,64 @@ def read_manifest(out_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def output_owner(out_dir: Path) -> str | None:
+    """The id of the job whose manifest the output holds (None: no readable manifest)."""
+    manifest = read_manifest(out_dir)
+    job = manifest.get("job") if manifest else None
+    owner = job.get("id") if isinstance(job, dict) else None
+    return owner if isinstance(owner, str) else None
+
+
+def remove_orphan(out_dir: Path, job_id: str) -> bool:
+    """Remove an output that `job_id` published but never recorded, once that job has ended
+    without succeeding (canceled, or out of attempts after a lost attempt had published): it
+    would stay forever and hold its name. Only an output whose manifest names that job."""
+    if output_owner(out_dir) != job_id:
+        return False
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return not out_dir.exists()
+
+
+# The engine's names beside an output (worker/engine/merge.py): staging directories
+# `.{name}.staging-{job id}-a{attempt}-{12 hex}` and swapped-out `.{name}.old-{12 hex}`.
+_ATTEMPT_SUFFIX = re.compile(r"(\d+)-[0-9a-f]{12}")
+_OLD_SUFFIX = re.compile(r"[0-9a-f]{12}")
+
+
 def remove_leftovers(out_dir: Path, job_id: str, attempt: int) -> None:
     """Earlier attempts of this job, killed mid-write, leave staging (or swapped-out)
-    directories beside the output. Only theirs are removed: another job's, or a live attempt's,
-    are not ours to touch (earlier attempts are dead: the reconciler fenced them off)."""
+    directories beside the output. Only theirs are removed, matched by the exact names the
+    engine makes: another job's, whose output name merely starts the same (`m` and `m.old-x`),
+    or a live attempt's, are not ours to touch (earlier attempts are dead: the reconciler
+    fenced them off)."""
     if not out_dir.parent.is_dir():
         return
-    prefix = f".{out_dir.name}.staging-{job_id}-a"
-    for stale in out_dir.parent.glob(f"{prefix}*-*"):
-        number = stale.name.removeprefix(prefix).split("-", 1)[0]
-        if number.isdigit() and int(number) < attempt:
-            shutil.rmtree(stale, ignore_errors=True)
-    for swapped in out_dir.parent.glob(f".{out_dir.name}.old-*"):
-        shutil.rmtree(swapped, ignore_errors=True)
+    staging, old = f".{out_dir.name}.staging-{job_id}-a", f".{out_dir.name}.old-"
+    for entry in out_dir.parent.iterdir():
+        if entry.name.startswith(staging):
+            match = _ATTEMPT_SUFFIX.fullmatch(entry.name.removeprefix(staging))
+            if match and int(match[1]) < attempt:
+                shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith(old) and _OLD_SUFFIX.fullmatch(entry.name.removeprefix(old)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def free_name(session: Session, out_dir: Path, tenant: str) -> None:
+    """409 if an output already holds this name, unless that output is an orphan: published by
+    a job of this tenant's that then ended without succeeding (its manifest names the job),
+    which is removed. Never another job's live output, nor a succeeded job's."""
+    if not out_dir.exists():
+        return
+    owner_id = output_owner(out_dir)
+    owner = session.get(Job, owner_id) if owner_id and jobs.is_id(owner_id) else None
+    if (
+        owner is None
+        or owner.tenant_id != tenant
+        or owner.status not in (jobs.FAILED, jobs.CANCELED)
+    ):
+        raise Conflict(
+            f"output.name: an artifact named {out_dir.name!r} already exists",
+            details={"field": "output.name"},
+        )
+    remove_orphan(out_dir, owner.id)
+    log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)

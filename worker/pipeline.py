@@ -20,12 +20,19 @@ from service import jobs
 from service.db.models import Job, utcnow
 from service.db.session import Database
 from service.errors import ServiceError
-from service.lineage import InputLink, get_or_create_artifact, link
+from service.lineage import InputLink, get_or_create_artifact, link, stored_size
+from service.quota import space_reserver
 from service.settings import Settings
 from service.sources import resolve_source
-from worker.engine.errors import EngineError, MergeCanceled, OutputError
+from worker.engine.errors import (
+    DiskFull,
+    EngineError,
+    MergeCanceled,
+    OutputError,
+    is_disk_full,
+)
 from worker.engine.progress import Progress
-from worker.lease import JobLease, LeaseLost, held_row, write_with_retry
+from worker.lease import JobLease, LeaseLost, settle, write_with_retry
 from worker.outputs import made_by, published_by_earlier_attempt, remove_leftovers
 
 log = logging.getLogger("layerswap.pipeline")
@@ -49,10 +56,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
             if job.kind == "merge":
                 _run_merge(job, db, settings, lease)
             else:
-                from worker.analysis_jobs import run_analysis
-
-                result = run_analysis(job, settings)
-                _finish(db, lease, jobs.SUCCEEDED, settings, result=result)
+                _run_analysis(job, db, settings, lease)
         except LeaseLost:
             log.warning("job %s: attempt %d was superseded; its result is dropped", job_id, attempt)
         except MergeCanceled:
@@ -62,11 +66,31 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
                 _finish(db, lease, jobs.CANCELED, settings)
         except (EngineError, ServiceError) as e:
             _finish(db, lease, jobs.FAILED, settings, error=_error_dict(e))
-        except Exception:
-            log.exception("job %s failed unexpectedly", job_id)
-            error = {"code": "internal_error", "message": "unexpected error; see the worker log"}
-            _finish(db, lease, jobs.FAILED, settings, error=error)
+        except Exception as e:
+            _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job_id, e))
     log.info("job %s: attempt %d done", job_id, attempt)
+
+
+def _unexpected(job_id: str, error: Exception) -> dict[str, Any]:
+    """The error of a job that raised what no step expected; called while handling it."""
+    full = _disk_full(error)
+    if full is not None:  # outside the engine: analysis files, removing, adopting outputs
+        log.warning("job %s: %s", job_id, full.message)
+        return full.to_dict()
+    log.exception("job %s failed unexpectedly", job_id)
+    return {"code": "internal_error", "message": "unexpected error; see the worker log"}
+
+
+def _disk_full(error: BaseException) -> DiskFull | None:
+    """DiskFull for an ENOSPC/EDQUOT anywhere in the exception's chain (None otherwise): the
+    job fails with `disk_full`, which says what to do (free space), not `internal_error`."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if is_disk_full(seen):
+            path = getattr(seen, "filename", None) or "the data directory"
+            return DiskFull.at(path, "the job's files")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _error_dict(error: EngineError | ServiceError) -> dict[str, Any]:
@@ -75,11 +99,8 @@ def _error_dict(error: EngineError | ServiceError) -> dict[str, Any]:
 
 def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **values: Any) -> None:
     def write(session: Session) -> None:
-        job = held_row(session, db, lease)
-        job.status, job.finished_at, job.stage = status, utcnow(), None
-        for key, value in values.items():
-            setattr(job, key, value)
-        jobs.add_event(session, job.id, status, **(values.get("error") or {}))
+        settle(session, lease, status=status, finished_at=utcnow(), stage=None, **values)
+        jobs.add_event(session, lease.job_id, status, **(values.get("error") or {}))
 
     try:
         write_with_retry(db, lease, write, settings.db_retry_s)
@@ -103,7 +124,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         result = published_by_earlier_attempt(out_dir, job.id)
         if result is None:
             fetched = _fetch_hub_inputs(job, recipe, settings, lease)
-            result = _merge(job, recipe, out_dir, settings, lease, fetched)
+            result = _merge(job, recipe, out_dir, settings, lease, fetched, db)
         else:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
         published = None
@@ -121,7 +142,7 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         inputs = fetched.directories if fetched else {}
 
         def record(session: Session) -> None:
-            row = held_row(session, db, lease)
+            row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
             manifest = result.manifest
             config = _read_config(out_dir)
             output = get_or_create_artifact(
@@ -131,12 +152,12 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
                 files=result.files,
                 architecture=config.get("model_type"),
                 num_layers=config.get("num_hidden_layers"),
+                size_bytes=stored_size(out_dir, result.files),
             )
             if published and published not in (output.published or []):
                 output.published = [*(output.published or []), published]
             links = _input_links(session, job, manifest, settings, inputs)
             link(session, row, links, output)
-            row.status, row.finished_at, row.stage = jobs.SUCCEEDED, utcnow(), None
             row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
             row.plan_summary = manifest["layers"]
             row.result = {
@@ -151,6 +172,18 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
     finally:
         if fetched is not None:
             fetched.close()
+
+
+def _run_analysis(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
+    from worker.analysis_jobs import record_analysis, run_analysis
+
+    analysis = run_analysis(job, settings)
+    write_with_retry(
+        db,
+        lease,
+        lambda session: record_analysis(session, lease, job, analysis),
+        settings.db_retry_s,
+    )
 
 
 def _local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:
@@ -181,7 +214,13 @@ def _fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease
 
 
 def _merge(
-    job: Job, recipe: Any, out_dir: Path, settings: Settings, lease: JobLease, fetched: Any
+    job: Job,
+    recipe: Any,
+    out_dir: Path,
+    settings: Settings,
+    lease: JobLease,
+    fetched: Any,
+    db: Database,
 ) -> Any:
     from worker.engine.merge import MergeOptions, merge
 
@@ -194,6 +233,7 @@ def _merge(
         staging_tag=f"{job.id}-a{lease.attempt}",
         job={"id": job.id, "attempt": lease.attempt},
         known_digests=fetched.digests if fetched else {},
+        reserve_space=space_reserver(db, settings, job.tenant_id),
     )
     try:
         return merge(

@@ -9,7 +9,8 @@ from fastapi.responses import FileResponse
 
 from service import jobs
 from service.api.deps import ContextDep, TenantDep
-from service.errors import Conflict
+from service.errors import Conflict, NotFound
+from service.lineage import get_artifact
 from service.schemas import AnalysisCreate, JobRead, job_read
 from service.sources import resolve_source
 from worker.analysis_jobs import analysis_dir
@@ -55,5 +56,9 @@ def analysis_file(
     job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis")
     if job.status != jobs.SUCCEEDED:
         raise Conflict(f"analysis {job_id} is {job.status}, not succeeded")
+    if job.output_artifact_id is not None:
+        artifact = get_artifact(context.db, tenant=tenant, artifact_id=job.output_artifact_id)
+        if artifact.deleted_at is not None:
+            raise NotFound(f"analysis {job_id}: its files were deleted (artifact {artifact.id})")
     media = "image/png" if filename.endswith(".png") else "application/json"
     return FileResponse(analysis_dir(context.settings, job) / filename, media_type=media)

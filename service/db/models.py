@@ -112,6 +112,11 @@ class Artifact(Base):
     num_layers: Mapped[int | None] = mapped_column(Integer)
     published: Mapped[list[Any] | None] = mapped_column(JSON)  # Hub commits holding it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Bytes the service stored for it (its outputs and analyses; None for inputs it only
+    # read): what counts against the tenant's quota until it is deleted.
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Deleted through the API: its files are gone, its row stays for lineage.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class LineageEdge(Base):

@@ -1,6 +1,7 @@
 """Jobs on Celery workers over a real Redis, with PostgreSQL as the truth: progress, cancel,
 the message format, and every fault: SIGKILLed workers, Redis losing its queue, duplicate
-deliveries racing, a database restart, and a worker cut off from the database."""
+deliveries racing, a database restart in the final write, and a worker cut off from the
+database."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.pool import NullPool
 
 from service import jobs
 from service.db.models import Job
@@ -249,20 +251,51 @@ def test_two_workers_racing_for_one_job_claim_it_once(cluster: Cluster) -> None:
 # --- the database goes away ------------------------------------------------------------------
 
 
-def test_database_restart_during_a_run(
-    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
-) -> None:
-    worker = cluster.start_worker()
-    job = cluster.service.submit(ties(big_family, name="through-restart"))
-    cluster.wait_until(job["id"], mid_merge())
-    with cluster.service.db.session() as session:
-        started = session.scalar(text("SELECT pg_postmaster_start_time()"))
+def restart_postgres() -> None:
     version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
     subprocess.run(
         ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
         check=True,
         timeout=120,
     )
+
+
+def test_database_restart_during_the_final_write(
+    cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
+) -> None:
+    """PostgreSQL restarts while the worker is inside the job's final write (the one that
+    records the output and marks the job succeeded): that write fails and is retried across
+    the restart, and the job ends succeeded by its first attempt, once.
+
+    The moment is forced, not hoped for: the test holds a lock on the artifacts table, so the
+    worker's final transaction waits at its INSERT INTO artifacts, which the test sees in
+    pg_stat_activity; then it restarts PostgreSQL."""
+    worker = cluster.start_worker()
+    job = cluster.service.submit(ties(big_family, name="through-restart"))
+    cluster.wait_until(job["id"], mid_merge())
+    url = cluster.service.settings.database
+    locker = create_engine(url, poolclass=NullPool)
+    connection = locker.connect()
+    connection.begin()
+    connection.execute(text("LOCK TABLE artifacts IN EXCLUSIVE MODE"))
+
+    def waiting_final_write() -> Any:
+        with cluster.service.db.session() as session:
+            return session.scalar(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO artifacts%'"
+                )
+            )
+
+    wait_for(waiting_final_write, "the worker's final write to wait on the lock", timeout=120)
+    assert cluster.job(job["id"])["status"] == "running"  # not recorded yet: it is waiting
+    retried_before = worker.text().count(f"job {job['id']}: database unavailable")
+    with cluster.service.db.session() as session:
+        started = session.scalar(text("SELECT pg_postmaster_start_time()"))
+    restart_postgres()  # ends the test's lock and the worker's transaction with it
+    connection.invalidate()
+    locker.dispose()
 
     def settled() -> dict[str, Any] | None:
         response = cluster.service.client.get(f"/v1/merges/{job['id']}")
@@ -273,14 +306,14 @@ def test_database_restart_during_a_run(
 
     done = wait_for(settled, "the job to settle after the restart", timeout=120)
     assert done["status"] == "succeeded", done
-    # The restart happened while the job ran: PostgreSQL started again after the job did,
-    # and before it finished. (Whether the worker saw a write fail, or its pool's pre-ping
-    # quietly reconnected, depends on where the restart fell between its writes.)
+    assert done["attempts"] == 1, "the first attempt's retried write recorded it"
+    assert worker.text().count(f"job {job['id']}: database unavailable") > retried_before
     with cluster.service.db.session() as session:
         restarted = session.scalar(text("SELECT pg_postmaster_start_time()"))
     assert restarted is not None and restarted > started
-    assert datetime.fromisoformat(done["started_at"]) < restarted
     assert datetime.fromisoformat(done["finished_at"]) > restarted
+    types = cluster.event_types(job["id"])
+    assert types.count("running") == 1 and types.count("succeeded") == 1, types
     assert worker.process.poll() is None
     assert_output_matches(cluster, done, ties_reference)
     assert outputs(cluster.service) == ["through-restart"] and leftovers(cluster.service) == []

@@ -290,8 +290,8 @@ def test_jobs_left_running_by_a_dead_process_are_resumed(
             )
         name = output_dir(first, orphan).name
         stale = (
-            output_dir(first, orphan).parent / f".{name}.staging-{orphan['id']}-a1-abcd0123"
-        )  # hex may start with a
+            output_dir(first, orphan).parent / f".{name}.staging-{orphan['id']}-a1-abcd0123ef45"
+        )  # the engine's own naming; its hex may start with a
         stale.mkdir(parents=True)
         (stale / "model-00001-of-00002.safetensors").write_bytes(b"half a shard")
 

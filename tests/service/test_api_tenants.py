@@ -16,9 +16,13 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 
+from service import jobs
 from service.auth import create_key
+from service.db.models import Job
 from service.settings import Settings
 from tests.service.conftest import TERMINAL, Service, layer_swap, running_service
+from tests.service.test_api_lifecycle import HeldExecutor
+from worker.pipeline import run_job
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
 
@@ -104,7 +108,7 @@ def test_tenants_see_only_their_own_jobs_and_artifacts(secured: Service) -> None
     lineage = client.get(f"/v1/artifacts/{output}/lineage", headers=bearer(a)).json()
     source = next(x["id"] for x in lineage["artifacts"] if x["id"] != output)
 
-    # A queued job of a's, to try canceling; a's analysis to try reading.
+    # a's analysis to try reading (canceling a's unfinished jobs: the test below).
     analysis = client.post(
         "/v1/analyses",
         json={"base": "base", "experts": [{"label": "math", "path": "math"}]},
@@ -158,6 +162,70 @@ def test_tenants_see_only_their_own_jobs_and_artifacts(secured: Service) -> None
     b_done = client.get(f"/v1/merges/{theirs.json()['id']}", headers=bearer(b)).json()
     assert Path(b_done["output"]["location"]).parent.name == "b"
     assert Path(done["output"]["location"]).parent.name == "a"
+
+
+@pytest.fixture
+def secured_held(tmp_path: Path, database_url: str, examples: Path) -> Iterator[Service]:
+    """Authentication on; jobs stay queued until the test claims or runs them."""
+    with running_service(
+        tmp_path, database_url, examples, auth=True, job_executor=HeldExecutor()
+    ) as running:
+        yield running
+
+
+def test_a_tenant_cannot_cancel_another_tenants_queued_or_running_job(
+    secured_held: Service,
+) -> None:
+    service = secured_held
+    a, b = create_key(service.db, "a"), create_key(service.db, "b")
+    queued = service.client.post("/v1/merges", json=layer_swap(), headers=bearer(a)).json()
+    running = service.client.post("/v1/merges", json=layer_swap(top=2), headers=bearer(a)).json()
+    assert jobs.claim(service.db, running["id"]) == 1  # what a worker does: now it runs
+
+    def state(job_id: str) -> tuple[Any, ...]:
+        with service.db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job.status, job.cancel_requested, job.finished_at, job.attempts
+
+    for job, status in [(queued, "queued"), (running, "running")]:
+        before = (
+            state(job["id"]),
+            service.client.get(f"/v1/merges/{job['id']}/events", headers=bearer(a)).json(),
+        )
+        assert before[0][0] == status
+        theirs = service.client.post(f"/v1/merges/{job['id']}/cancel", headers=bearer(b))
+        assert theirs.status_code == 404, theirs.text
+        assert theirs.json()["error"]["code"] == "not_found"
+        after = (
+            state(job["id"]),
+            service.client.get(f"/v1/merges/{job['id']}/events", headers=bearer(a)).json(),
+        )
+        assert after == before, "b's cancel changed a's job"
+    # The same requests by the owner do cancel: the 404s were not for want of a cancelable job.
+    mine = service.client.post(f"/v1/merges/{queued['id']}/cancel", headers=bearer(a))
+    assert mine.status_code == 202 and mine.json()["status"] == "canceled"
+    mine = service.client.post(f"/v1/merges/{running['id']}/cancel", headers=bearer(a))
+    assert mine.status_code == 202 and mine.json()["status"] == "canceling"
+
+
+def test_a_tenant_cannot_delete_another_tenants_artifact(secured_held: Service) -> None:
+    service = secured_held
+    a, b = create_key(service.db, "a"), create_key(service.db, "b")
+    job = service.client.post("/v1/merges", json=layer_swap(), headers=bearer(a)).json()
+    run_job(job["id"], db=service.db, settings=service.settings)
+    output = wait_as(service, a, job["id"])["output"]
+
+    for artifact_id in (output["artifact_id"], "f" * 32):
+        theirs = service.client.delete(f"/v1/artifacts/{artifact_id}", headers=bearer(b))
+        assert theirs.status_code == 404, theirs.text
+        assert theirs.json()["error"]["code"] == "not_found"
+    assert Path(output["location"]).is_dir()
+    seen = service.client.get(f"/v1/artifacts/{output['artifact_id']}", headers=bearer(a))
+    assert seen.json()["deleted_at"] is None
+    mine = service.client.delete(f"/v1/artifacts/{output['artifact_id']}", headers=bearer(a))
+    assert mine.status_code == 204
+    assert not Path(output["location"]).exists()
 
 
 def test_a_tenant_cannot_merge_another_tenants_artifact_by_path(secured: Service) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from service import jobs
 from service.db.models import Job, as_utc, utcnow
 from service.db.session import Database
-from service.reconciler import Reconciler
+from service.reconciler import Reconciler, requeue_stale
 from service.settings import Settings
 from tests.service.test_store import (
     TENANT,
@@ -103,7 +103,7 @@ def test_concurrent_reconcilers_requeue_a_job_once(
 
     def reconcile() -> None:
         barrier.wait(timeout=30)
-        results.append(jobs.requeue_stale(db, settings.stale_after_s))
+        results.append(requeue_stale(db, settings.stale_after_s))
 
     threads = [threading.Thread(target=reconcile) for _ in range(4)]
     for thread in threads:
@@ -144,7 +144,7 @@ def test_a_superseded_attempt_can_write_nothing(
     assert jobs.claim(db, job_id) == 1
     stale = JobLease(db, job_id, 1, settings)
     silent_for(db, job_id, settings.stale_after_s + 5)
-    jobs.requeue_stale(db, settings.stale_after_s)
+    requeue_stale(db, settings.stale_after_s)
     assert jobs.claim(db, job_id) == 2  # another worker took it
 
     stale.progress(Progress("merging", 5, 10, 1, 2, 0.1))
@@ -180,7 +180,7 @@ def published_by_lost_attempt(db: Database, settings: Settings, examples: Path) 
         options=MergeOptions(job={"id": job_id, "attempt": 1}, staging_tag=f"{job_id}-a1"),
     )
     silent_for(db, job_id, settings.stale_after_s + 5)
-    jobs.requeue_stale(db, settings.stale_after_s)
+    requeue_stale(db, settings.stale_after_s)
     return job_id, out_dir, result
 
 
@@ -270,4 +270,4 @@ def test_heartbeats_come_from_their_own_thread(
             if beat is not None and (utcnow() - beat).total_seconds() < 60:
                 break
             threading.Event().wait(0.05)
-    assert jobs.requeue_stale(db, settings.stale_after_s) == []
+    assert requeue_stale(db, settings.stale_after_s) == []
