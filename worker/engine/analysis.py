@@ -23,7 +23,8 @@ import torch
 
 from worker.engine.analysis_result import AnalysisResult, ExpertDelta, SwapSuggestion
 from worker.engine.checkpoint import Checkpoint, layer_index
-from worker.engine.errors import IncompatibleCheckpointsError, RecipeError
+from worker.engine.errors import IncompatibleCheckpointsError, MergeCanceled, RecipeError
+from worker.engine.progress import CancelCheck
 from worker.engine.safetensors_format import FLOAT_DTYPES, TensorInfo
 from worker.engine.tensor_io import iter_row_chunks, read_elements
 
@@ -108,11 +109,16 @@ def _row_mavs(
 
 
 def _scan(
-    base: Checkpoint, experts: Sequence[Checkpoint], chunk_elements: int
+    base: Checkpoint,
+    experts: Sequence[Checkpoint],
+    chunk_elements: int,
+    should_cancel: CancelCheck | None = None,
 ) -> list[_DeltaStats]:
     """One streaming pass over every analysable tensor, all experts together."""
     stats = [_DeltaStats() for _ in experts]
     for name in sorted(base.tensors):
+        if should_cancel is not None and should_cancel():
+            raise MergeCanceled("canceled while planning (magnitude weights); nothing written")
         info = base.tensors[name]
         if not _analysable(info) or not all(_analysable(e.tensors[name]) for e in experts):
             continue
@@ -144,14 +150,17 @@ def check_same_tensors(base: Checkpoint, experts: Sequence[tuple[str, Checkpoint
 
 
 def expert_magnitude(
-    base: Checkpoint, expert: Checkpoint, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    base: Checkpoint,
+    expert: Checkpoint,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    should_cancel: CancelCheck | None = None,
 ) -> float:
     """m_i of DESIGN §3.3: the mean row MAV of `expert − base` over all floating tensors.
 
     0.0 when the expert equals the base. Streams in row chunks of at most `chunk_elements`.
     """
     check_same_tensors(base, [("expert", expert)])
-    return _scan(base, [expert], chunk_elements)[0].magnitude
+    return _scan(base, [expert], chunk_elements, should_cancel)[0].magnitude
 
 
 def _auto_threshold(stats: Sequence[_DeltaStats]) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.engine.errors import CheckpointError
+from worker.engine.limits import MAX_JSON_BYTES, MAX_LAYERS, MAX_TENSORS, MAX_WEIGHT_FILES
 from worker.engine.safetensors_format import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,6 +60,8 @@ class Checkpoint:
         tensors: dict[str, TensorInfo] = {}
         for file in files:
             found, _ = read_header(file)
+            if len(tensors) + len(found) > MAX_TENSORS:
+                raise CheckpointError.at(path, f"more than {MAX_TENSORS} tensors")
             for name, info in found.items():
                 if name in tensors:
                     raise CheckpointError.at(file, f"tensor {name!r} also in {tensors[name].file}")
@@ -85,9 +88,13 @@ class Checkpoint:
     @property
     def num_layers(self) -> int:
         value = self.text_config.get("num_hidden_layers")
-        if not isinstance(value, int) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise CheckpointError.at(
                 self.path / "config.json", "num_hidden_layers missing or not a positive integer"
+            )
+        if value > MAX_LAYERS:
+            raise CheckpointError.at(
+                self.path / "config.json", f"num_hidden_layers is {value}; at most {MAX_LAYERS}"
             )
         return value
 
@@ -132,9 +139,13 @@ class Checkpoint:
 
 def _read_json(path: Path) -> Any:
     try:
+        if (size := path.stat().st_size) > MAX_JSON_BYTES:
+            raise CheckpointError.at(path, f"{size} bytes; at most {MAX_JSON_BYTES}")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError.at(path, "missing") from None
+    except RecursionError:
+        raise CheckpointError.at(path, "JSON nested too deeply") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError.at(path, f"not valid JSON ({e})") from None
 
@@ -150,12 +161,14 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
             for v in weight_map.values()
         ):
             raise CheckpointError.at(index, "weight_map must map tensor names to shard files")
-        files = sorted({path / v for v in weight_map.values()})
+        if len(weight_map) > MAX_TENSORS:
+            raise CheckpointError.at(index, f"more than {MAX_TENSORS} tensors")
+        files = _at_most(sorted({path / v for v in weight_map.values()}), index)
         for file in files:
             if not file.is_file():
                 raise CheckpointError.at(file, "listed in the index but missing")
         return files, weight_map
-    files = sorted(path.glob("*.safetensors"))
+    files = _at_most(sorted(path.glob("*.safetensors")), path)
     if files:
         return files, None
     if pickled := sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES):
@@ -167,3 +180,9 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
             "safe_serialization=True)",
         )
     raise CheckpointError.at(path, "no *.safetensors weights found")
+
+
+def _at_most(files: list[Path], where: Path) -> list[Path]:
+    if len(files) > MAX_WEIGHT_FILES:
+        raise CheckpointError.at(where, f"{len(files)} weight files; at most {MAX_WEIGHT_FILES}")
+    return files

@@ -8,7 +8,7 @@ then combines chunk by chunk.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -18,8 +18,18 @@ from worker.engine.tensor_io import TORCH_DTYPES, read_elements
 
 
 class Kernels:
-    def __init__(self, plan: Plan, *, device: str, chunk_elements: int) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        device: str,
+        chunk_elements: int,
+        check_cancel: Callable[[], None] | None = None,
+    ) -> None:
         self.plan = plan
+        # Raises when the merge is canceled; called per chunk of TIES's top-k passes, which read
+        # a whole tensor several times before its first output byte.
+        self.check_cancel = check_cancel or (lambda: None)
         self.device = torch.device(device)
         self.chunk_elements = chunk_elements
         # TIES holds several float32 temporaries per input: smaller chunks, same memory.
@@ -74,6 +84,7 @@ class Kernels:
             numel = math.prod(tensor.shape)
             step = self.selection_elements
             for start in range(0, numel, step):
+                self.check_cancel()
                 count = min(step, numel - start)
                 x = self._read(source, tensor.name, start, count)
                 yield x.sub_(self._read(base, tensor.name, start, count)).abs_()

@@ -6,9 +6,11 @@ into place only when complete; any failure or cancellation removes the staging d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +21,14 @@ from typing import Any
 
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from worker.engine.digests import file_sha256
-from worker.engine.errors import DeviceError, OutputError
+from worker.engine.errors import (
+    CheckpointError,
+    DeviceError,
+    DiskFull,
+    OutputError,
+    is_disk_full,
+)
+from worker.engine.limits import MAX_SIDE_FILE_BYTES
 from worker.engine.model_card import render_card
 from worker.engine.plan import Plan
 from worker.engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
@@ -71,7 +80,9 @@ def merge(
     """Plan and execute a recipe into `out_dir` (which must not exist unless overwrite)."""
     options = options or MergeOptions()
     check_output(out_dir, overwrite=options.overwrite)
-    plan = make_plan(recipe, resolve=resolve, chunk_elements=options.chunk_elements)
+    plan = make_plan(
+        recipe, resolve=resolve, chunk_elements=options.chunk_elements, should_cancel=should_cancel
+    )
     try:
         return execute(plan, recipe, out_dir, options, on_progress, should_cancel)
     finally:
@@ -98,15 +109,24 @@ def execute(
     device = resolve_device(options.device)
     started = time.monotonic()
     out_dir = out_dir.absolute()
+    needed = planned_output_bytes(plan)
+    if options.reserve_space is not None:
+        options.reserve_space(needed)  # e.g. a tenant's storage quota: refused before any write
     tag = f"{options.staging_tag}-" if options.staging_tag else ""
     staging = out_dir.parent / f".{out_dir.name}.staging-{tag}{uuid.uuid4().hex[:12]}"
     try:
         staging.mkdir(parents=True)
     except OSError as e:
+        if is_disk_full(e):
+            raise DiskFull.at(out_dir.parent, "the output directory") from None
         raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
+    stop_hashing = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
-        inputs = pool.submit(_identify_inputs, plan, options.hash_cache, options.known_digests)
+        inputs = pool.submit(
+            _identify_inputs, plan, options.hash_cache, options.known_digests, stop_hashing.is_set
+        )
         try:
+            _check_free_space(staging, needed)
             files = stream_shards(
                 plan,
                 staging,
@@ -126,8 +146,11 @@ def execute(
             manifest["outputs"] = dict(sorted(files.items()))
             files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
-        except BaseException:
+        except BaseException as e:
+            stop_hashing.set()  # the pool's exit waits for the hashing thread: end it now
             shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(e):
+                raise DiskFull.at(out_dir.parent, "the output") from None
             raise
     return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
 
@@ -141,6 +164,8 @@ def resolve_device(name: str) -> str:
 
         if not torch.cuda.is_available():
             raise DeviceError(f"device {name!r} requested but no CUDA GPU is available")
+        if name.startswith("cuda:") and int(name[5:]) >= (count := torch.cuda.device_count()):
+            raise DeviceError(f"device {name!r} requested but this host has {count} CUDA GPU(s)")
         return name
     raise DeviceError(f"unknown device {name!r} (use cpu, cuda or cuda:N)")
 
@@ -158,16 +183,23 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
         written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
     config_dir = Path(plan.inputs[plan.config_input].path)
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
-    copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
-    copies += [(tokenizer_dir, n) for n in TOKENIZER_FILES]
-    for directory, name in copies:
+    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
         if (directory / name).is_file():
+            if (size := (directory / name).stat().st_size) > MAX_SIDE_FILE_BYTES:
+                raise CheckpointError.at(
+                    directory / name, f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
+                )
             shutil.copyfile(directory / name, staging / name)
             if name == "config.json" and dtype != "source":
                 _set_config_dtype(staging / name, dtype)
             written[name] = file_sha256(staging / name)
     _warn_tokenizer_mismatch(plan)
     return written
+
+
+def _side_file_sources(config_dir: Path, tokenizer_dir: Path) -> list[tuple[Path, str]]:
+    copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
+    return copies + [(tokenizer_dir, n) for n in TOKENIZER_FILES]
 
 
 def _set_config_dtype(path: Path, dtype: str) -> None:
@@ -196,8 +228,37 @@ def _warn_tokenizer_mismatch(plan: Plan) -> None:
             )
 
 
+def planned_output_bytes(plan: Plan) -> int:
+    """What the output's weights and side files will take on disk: the shards (headers
+    included) and the files copied from the inputs (their sizes are on disk already). The model
+    card, manifest and index, a few KB, come on top."""
+    from worker.engine.streaming import shard_layout
+
+    config_dir = Path(plan.inputs[plan.config_input].path)
+    tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
+    side = 0
+    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
+        with contextlib.suppress(OSError):
+            side += (directory / name).stat().st_size
+    headers = sum(len(header) for header, _ in shard_layout(plan))
+    return plan.total_bytes + headers + side
+
+
+def _check_free_space(directory: Path, needed: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise DiskFull(
+            f"the output needs {needed} bytes but {free} are free in {directory.parent}; "
+            "free space (e.g. DELETE /v1/artifacts/{id}) and submit again",
+            details={"path": str(directory.parent), "needed_bytes": needed, "free_bytes": free},
+        )
+
+
 def _identify_inputs(
-    plan: Plan, cache: Path | None, known: dict[Path, str]
+    plan: Plan,
+    cache: Path | None,
+    known: dict[Path, str],
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[dict[str, Any]]:
     identities = []
     for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
@@ -206,7 +267,7 @@ def _identify_inputs(
             "label": ref.label,
             "role": ref.role,
             "source": ref.source,
-            "files": {f.name: known.get(f) or file_sha256(f, cache) for f in files},
+            "files": {f.name: known.get(f) or file_sha256(f, cache, should_stop) for f in files},
         })  # fmt: skip
     return identities
 

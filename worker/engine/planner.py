@@ -7,8 +7,10 @@ from pathlib import Path
 
 from worker.engine.checkpoint import Checkpoint, layer_index
 from worker.engine.errors import EngineError, RecipeError
+from worker.engine.limits import MAX_WEIGHT_FILES
 from worker.engine.methods import BUILDERS, Inputs, MethodPlan
 from worker.engine.plan import InputRef, Plan, Shard, TensorPlan, Term
+from worker.engine.progress import CancelCheck
 from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
 from worker.engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 
@@ -26,9 +28,17 @@ def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
 
 
 def make_plan(
-    recipe: Recipe, *, resolve: Resolver, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    recipe: Recipe,
+    *,
+    resolve: Resolver,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    should_cancel: CancelCheck | None = None,
+    headers_only: bool = False,
 ) -> Plan:
-    """Open every input (headers only), validate them together and plan every output tensor."""
+    """Open every input (headers only), validate them together and plan every output tensor.
+    `should_cancel` is asked while planning reads weights (magnitude weights). `headers_only`
+    skips those reads (magnitude weights come out equal): every check, none of the cost, for
+    validating a request before it is accepted."""
     from worker.engine.validate import check_compatible
 
     refs = input_refs(recipe, resolve)
@@ -37,7 +47,8 @@ def make_plan(
         for ref in refs:
             checkpoints.append(Checkpoint.open(Path(ref.path)))
         check_compatible(refs, checkpoints)
-        method = BUILDERS[recipe.method](recipe, Inputs(refs, checkpoints, chunk_elements))
+        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
+        method = BUILDERS[recipe.method](recipe, inputs)
         plan = _assemble(recipe, refs, checkpoints, method)
     except EngineError:
         for ckpt in checkpoints:
@@ -110,6 +121,12 @@ def _shards(tensors: tuple[TensorPlan, ...], budget: int) -> tuple[Shard, ...]:
     if len(groups) == 1:
         return (Shard("model.safetensors", tuple(groups[0])),)
     n = len(groups)
+    if n > MAX_WEIGHT_FILES:  # each shard is an open file while writing
+        raise RecipeError.for_field(
+            "output.shard_size",
+            f"would split the output into {n} shards; at most {MAX_WEIGHT_FILES} (use a larger "
+            "shard_size)",
+        )
     return tuple(
         Shard(f"model-{k + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for k, g in enumerate(groups)
     )

@@ -41,7 +41,10 @@ Credential = Annotated[
         description="name of a Hub credential configured where the merge runs (never a token)",
     ),
 ]
-Weights = Literal["uniform", "magnitude"] | list[float]
+# Each source is opened (and, at submit, its headers read): bounded like every other input.
+MAX_EXPERTS_PER_ROLE = 32
+MAX_MODELS = 64
+Weights = Literal["uniform", "magnitude"] | Annotated[list[float], Field(max_length=MAX_MODELS)]
 
 
 class _Strict(BaseModel):
@@ -104,8 +107,8 @@ class RoleWeights(_Strict):
 
 
 class Experts(_Strict):
-    task: list[Source] = Field(min_length=1)
-    language: list[Source] = Field(min_length=1)
+    task: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS_PER_ROLE)
+    language: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS_PER_ROLE)
 
 
 class LayerSwapParams(_Strict):
@@ -153,7 +156,7 @@ class SoupParams(_Strict):
 class SoupRecipe(_Strict):
     method: Literal["soup"]
     base: Source | None = None
-    models: list[Source] = Field(min_length=2)
+    models: list[Source] = Field(min_length=2, max_length=MAX_MODELS)
     params: SoupParams = SoupParams()
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
@@ -168,14 +171,16 @@ class SoupRecipe(_Strict):
 
 class TaskArithmeticParams(_Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: Literal["uniform"] | list[float] = Field("uniform", description="uniform = 1.0 each")
+    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
+        "uniform", description="uniform = 1.0 each"
+    )
     lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
 
 
 class TaskArithmeticRecipe(_Strict):
     method: Literal["task_arithmetic"]
     base: Source
-    models: list[Source] = Field(min_length=1)
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
     params: TaskArithmeticParams = TaskArithmeticParams()
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
@@ -188,7 +193,9 @@ class TaskArithmeticRecipe(_Strict):
 
 class TiesParams(_Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: Literal["uniform"] | list[float] = Field("uniform", description="uniform = 1.0 each")
+    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
+        "uniform", description="uniform = 1.0 each"
+    )
     density: float = Field(0.5, gt=0, le=1, description="fraction of each delta kept")
     lambda_: float = Field(1.0, alias="lambda", description="scale of the merged delta")
     normalize: bool = True
@@ -197,7 +204,7 @@ class TiesParams(_Strict):
 class TiesRecipe(_Strict):
     method: Literal["ties"]
     base: Source
-    models: list[Source] = Field(min_length=1)
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
     params: TiesParams = TiesParams()
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources

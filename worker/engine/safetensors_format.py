@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.engine.errors import CheckpointError
+from worker.engine.limits import MAX_RANK
 
 # Same limit as the reference implementation: nobody needs a 100 MB header.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -75,6 +76,8 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         raise CheckpointError.at(path, f"cannot read: {e.strerror or e}") from None
     try:
         header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise CheckpointError.at(path, "header JSON nested too deeply") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError.at(path, f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
@@ -103,6 +106,8 @@ def _tensor(path: Path, name: str, entry: Any, data_start: int) -> TensorInfo:
         raise CheckpointError.at(path, f"{where}: unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise CheckpointError.at(path, f"{where}: shape must be a list of non-negative ints")
+    if len(shape) > MAX_RANK:
+        raise CheckpointError.at(path, f"{where}: {len(shape)} dimensions; at most {MAX_RANK}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2

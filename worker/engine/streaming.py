@@ -85,7 +85,9 @@ def stream_shards(
                 _queue_copy(plan, tensor, writer, file, offset)
         from worker.engine.kernels import Kernels  # imports torch, while the copies run
 
-        kernels = Kernels(plan, device=device, chunk_elements=chunk_elements)
+        kernels = Kernels(
+            plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel
+        )
         for file, tensor, offset in placed:
             if tensor.op != "copy":
                 check_cancel()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.engine.errors import OutputError
+from worker.engine.errors import DiskFull, OutputError, is_disk_full
 
 BLOCK = 8 * 1024 * 1024
 COPY_PIECE = 64 * 1024 * 1024
@@ -80,12 +80,20 @@ class OutputWriter:
         self._error: BaseException | None = None
         self._state = threading.Condition()
         self._use_copy_range = hasattr(os, "copy_file_range")
-        for name, header, size in files:
-            fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            self._files.append(_File(name, fd, size))
-            _pwrite_all(fd, memoryview(header), 0)
-            self._files[-1].done[0] = len(header)
-            self.bytes_written += len(header)
+        try:
+            for name, header, size in files:
+                fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self._files.append(_File(name, fd, size))
+                _pwrite_all(fd, memoryview(header), 0)
+                self._files[-1].done[0] = len(header)
+                self.bytes_written += len(header)
+        except BaseException as e:
+            self._close()  # no descriptor outlives a writer that failed to start
+            if isinstance(e, OSError):
+                if is_disk_full(e):
+                    raise DiskFull.at(directory, "the output's shard headers") from None
+                raise OutputError(f"cannot create the output files in {directory}: {e}") from None
+            raise
         self._threads = [
             threading.Thread(target=self._guard, args=(self._write_loop,), daemon=True),
             threading.Thread(target=self._guard, args=(self._hash_loop,), daemon=True),
@@ -146,6 +154,8 @@ class OutputWriter:
         error = self._error
         if error is None:
             return
+        if is_disk_full(error):
+            raise DiskFull("no space left on the device while writing the output") from error
         if isinstance(error, OSError):
             raise OutputError(f"writing the output failed: {error}") from error
         raise error

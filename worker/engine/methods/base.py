@@ -9,6 +9,7 @@ from typing import Any
 from worker.engine.checkpoint import Checkpoint
 from worker.engine.errors import RecipeError
 from worker.engine.plan import InputRef, Op, Term, TiesSettings
+from worker.engine.progress import CancelCheck
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
@@ -21,6 +22,8 @@ class Inputs:
     refs: list[InputRef]
     checkpoints: list[Checkpoint]
     chunk_elements: int
+    should_cancel: CancelCheck | None = None  # asked while magnitudes are computed
+    headers_only: bool = False  # magnitudes are not computed (all equal): a validation plan
 
     def indices(self, role: str) -> list[int]:
         return [i for i, ref in enumerate(self.refs) if ref.role == role]
@@ -36,10 +39,12 @@ class Inputs:
 
         if self.base is None:
             raise RecipeError.for_field("base", f"required for magnitude weights ({field})")
+        if self.headers_only:
+            return [1.0] * len(indices)
         base = self.checkpoints[self.base]
         values = []
         for i in indices:
-            m = expert_magnitude(base, self.checkpoints[i], self.chunk_elements)
+            m = expert_magnitude(base, self.checkpoints[i], self.chunk_elements, self.should_cancel)
             if m <= 0.0:
                 raise RecipeError.for_field(
                     field, f"magnitude weights undefined: {self.refs[i].label} equals the base"
