@@ -146,15 +146,19 @@ def merge(
 
 
 def hub_token(credential: str | None) -> str | None:
-    """The CLI's Hub token: the named credential from LAYERSWAP_HUB_CREDENTIALS, else HF_TOKEN
-    (the user's own), else none (public repositories only)."""
+    """The CLI's Hub token: the named credential of the default tenant (LAYERSWAP_DEFAULT_TENANT,
+    "default") in LAYERSWAP_HUB_CREDENTIALS, else HF_TOKEN (the user's own), else none (public
+    repositories only)."""
     import os
 
     from worker.hub.credentials import token_for
 
     if credential is None:
         return os.environ.get("HF_TOKEN") or None
-    return token_for(credential, load_settings().hub_credentials)
+    settings = load_settings()
+    return token_for(
+        credential, tenant=settings.default_tenant, credentials=settings.hub_credentials
+    )
 
 
 def cache_dir() -> Path:
@@ -260,6 +264,7 @@ def serve(host: str | None, port: int | None) -> None:
     from service.db.migrate import upgrade
 
     settings = load_settings(host=host, port=port)
+    check_merge_device(settings)  # the in-process executor merges here
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     for root in settings.source_roots:
         root.mkdir(parents=True, exist_ok=True)
@@ -295,6 +300,7 @@ def worker(queues: str, hostname: str | None, loglevel: str) -> None:
         )
         sys.exit(2)
     settings = load_settings()
+    check_merge_device(settings)
     app = make_celery(settings)
     register_task(app, settings)
     argv = [
@@ -312,6 +318,19 @@ def worker(queues: str, hostname: str | None, loglevel: str) -> None:
     if hostname:
         argv.append(f"--hostname={hostname}")
     app.worker_main(argv)
+
+
+def check_merge_device(settings: Any) -> None:
+    """LAYERSWAP_MERGE_DEVICE=cuda on a host without a GPU stops the process at start, not
+    every job later."""
+    from worker.engine.errors import DeviceError
+    from worker.engine.merge import resolve_device
+
+    try:
+        resolve_device(settings.merge_device)
+    except DeviceError as e:
+        click.echo(f"layerswap: error [invalid_settings]: merge_device: {e.message}", err=True)
+        sys.exit(2)
 
 
 def load_settings(**overrides: Any) -> Any:

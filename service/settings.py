@@ -7,15 +7,20 @@ With nothing set, the service runs on its embedded default: a SQLite file and ar
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LAYERSWAP_", frozen=True)
+    # hide_input_in_errors: a refused setting's value (a token, a database password) is never
+    # echoed into an error message or a log.
+    model_config = SettingsConfigDict(
+        env_prefix="LAYERSWAP_", frozen=True, hide_input_in_errors=True
+    )
 
     data_dir: Path = Field(Path("data"), description="SQLite file, artifacts and caches")
     database_url: str | None = Field(None, description="default: sqlite:///<data_dir>/layerswap.db")
@@ -31,7 +36,9 @@ class Settings(BaseSettings):
     default_tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     max_attempts: int = Field(3, ge=1)
     progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
-    merge_device: str = "cpu"
+    merge_device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+)$", description="where a worker's arithmetic runs"
+    )
     broker_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Redis for the celery executor (jobs ids only)"
     )
@@ -44,9 +51,10 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         5.0, gt=0, description="how often the service looks for lost messages and dead jobs"
     )
-    hub_credentials: dict[str, SecretStr] = Field(
+    hub_credentials: dict[str, dict[str, SecretStr]] = Field(
         default_factory=dict,
-        description='Hub tokens by name, JSON: {"team-a": "hf_..."}; requests name one',
+        description='Hub tokens per tenant and name, JSON: {"<tenant>": {"<name>": "hf_..."}}; '
+        "a request names one of its own tenant's",
     )
     db_retry_s: float = Field(
         60.0, ge=0, description="how long a job keeps retrying its final write to the database"
@@ -68,6 +76,18 @@ class Settings(BaseSettings):
     tenant_quota_bytes: int = Field(
         0, ge=0, description="bytes of stored outputs and analyses per tenant (0: unlimited)"
     )
+
+    @field_validator("hub_credentials", mode="before")
+    @classmethod
+    def _credentials_per_tenant(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = json.loads(value)
+        if isinstance(value, dict) and any(not isinstance(v, dict) for v in value.values()):
+            raise ValueError(
+                'must map each tenant to its credentials: {"<tenant>": {"<name>": "hf_..."}} '
+                "(the flat {name: token} form let any tenant use any token and is refused)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _safe_binding(self) -> Self:

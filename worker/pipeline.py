@@ -130,7 +130,10 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
         published = None
         if recipe.output.hub is not None:
             lease.set_stage("publishing")
-            token = token_for(recipe.output.hub.credential, settings.hub_credentials)
+            token = token_for(
+                recipe.output.hub.credential, tenant=job.tenant_id,
+                credentials=settings.hub_credentials, field="output.hub.credential",
+            )  # fmt: skip
             try:
                 published = publish(
                     out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
@@ -206,7 +209,9 @@ def _fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease
     return fetch_inputs(
         recipe,
         cache_dir=settings.cache_dir / "hub",
-        token=token_for(recipe.credential, settings.hub_credentials),
+        token=token_for(
+            recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
+        ),
         local=_local_resolver(job, settings),
         on_progress=downloaded,
         should_cancel=lease.should_cancel,

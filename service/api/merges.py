@@ -17,6 +17,7 @@ from service.api.streams import SlotStreamingResponse
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.lineage import get_artifact
+from service.preflight import check_headers
 from service.schemas import (
     EventRead,
     FileRead,
@@ -61,8 +62,9 @@ def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[st
     """Local sources must lie under an allowed root; Hub sources are pinned to the commit their
     revision points at now (the job will read only that commit). Returns the pins."""
     credentials = context.settings.hub_credentials
-    if recipe.output.hub is not None:
-        token_for(recipe.output.hub.credential, credentials)  # unknown names fail now
+    if recipe.output.hub is not None:  # unknown names fail now
+        token_for(recipe.output.hub.credential, tenant=tenant, credentials=credentials,
+                  field="output.hub.credential")  # fmt: skip
     pins: dict[str, PinnedRepo] = {}
     sources = []
     for field, source in ((n.field, n.source) for n in named_sources(recipe)):
@@ -75,7 +77,9 @@ def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[st
             raise InvalidRequest(f"{field}: {e}", details={"field": field}) from None
         if source not in pins:
             try:
-                pins[source] = pin(ref, token_for(recipe.credential, credentials))
+                pins[source] = pin(
+                    ref, token_for(recipe.credential, tenant=tenant, credentials=credentials)
+                )
             except HubError as e:
                 e.details.setdefault(
                     "field", "credential" if e.code == "unknown_credential" else field
@@ -108,6 +112,7 @@ def submit_merge(
 ) -> JobRead:
     """Queue a merge. The body is the recipe schema of `layerswap merge`."""
     sources = check_sources(recipe, context, tenant)
+    check_headers(recipe, context.settings, tenant)
     request = recipe_to_dict(recipe)
     new = jobs.NewJob(
         tenant,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,21 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=20)
             self.process = None
+
+    @contextmanager
+    def monitor(self, log: Path) -> Iterator[Callable[[], str]]:
+        """Record every command Redis executes (MONITOR, through redis-cli) into `log`; yields
+        a function returning what has been recorded so far."""
+        with log.open("wb") as out:
+            recorder = subprocess.Popen(
+                ["redis-cli", "-p", str(self.port), "monitor"], stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_for(lambda: log.read_text().startswith("OK"), "MONITOR to start", timeout=20)
+            yield lambda: log.read_text(errors="replace")
+        finally:
+            recorder.kill()
+            recorder.wait(timeout=20)
 
     def _answers(self) -> bool:
         try:
@@ -168,7 +184,7 @@ def worker_env(settings: Any, broker_url: str) -> dict[str, str]:
         LAYERSWAP_ALLOWED_ROOTS=json.dumps([str(p) for p in settings.allowed_roots]),
         LAYERSWAP_EXECUTOR="celery",
         LAYERSWAP_BROKER_URL=broker_url,
-        LAYERSWAP_HUB_CREDENTIALS=json.dumps({"team-a": HUB_TOKEN}),
+        LAYERSWAP_HUB_CREDENTIALS=json.dumps({"default": {"team-a": HUB_TOKEN}}),
         **{f"LAYERSWAP_{k.upper()}": str(v) for k, v in TIMINGS.items()},
     )
     return env
@@ -215,7 +231,7 @@ def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluste
                 executor="celery",
                 broker_url=server.url,
                 allowed_roots=roots,
-                hub_credentials={"team-a": HUB_TOKEN},
+                hub_credentials={"default": {"team-a": HUB_TOKEN}},
                 **TIMINGS,
             ) as service:
                 running = Cluster(service, server, worker_env(service.settings, server.url), logs)

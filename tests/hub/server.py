@@ -23,13 +23,15 @@ Access rules (set with :meth:`FakeHub.add_token`):
 * a token that was never added gets 401 "Invalid credentials in Authorization header".
 
 ``huggingface_hub`` reads its environment (``HF_ENDPOINT``, ``HF_HUB_DISABLE_XET``,
-``HF_HUB_OFFLINE``, cache paths) once, at import; the root ``tests/conftest.py`` sets
-``HF_HUB_OFFLINE=1``. So run the client in a fresh interpreter: :meth:`FakeHub.client_env` gives its
+``HF_HUB_OFFLINE``, cache paths) once, at import, and the root ``tests/conftest.py`` fixes them for
+the whole test process. So to give the client other settings (a token, a cache, an endpoint), run it
+in a fresh interpreter: :meth:`FakeHub.client_env` gives its
 environment (usable for ``subprocess``), :class:`ClientProcess` runs functions in such a process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import fnmatch
 import hashlib
@@ -120,7 +122,8 @@ class LoggedRequest:
 
     ``auth``: no Authorization header, a configured token (then ``token`` is it) or an unknown one.
     ``range``: the Range header. ``status``: the status sent (0 if none). ``fault``: the injected
-    fault it got, if any: "rate_limit", "error", "drop", "lost_response" or "cut".
+    fault it got, if any: "rate_limit", "outage", "error", "drop", "lost_response", "cut" or
+    "hold".
     """
 
     method: str
@@ -344,6 +347,18 @@ class _Store:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass
+class UploadHold:
+    """An LFS upload the hub keeps waiting: ``reached`` is set when it arrives; after
+    ``release()`` its connection is dropped, so that upload never lands."""
+
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
 class _Faults:
     """One-shot faults, each consumed by the next request it applies to."""
 
@@ -354,10 +369,16 @@ class _Faults:
         self._uploads: list[UploadFault] = []
         self._commits: list[CommitFault] = []
         self._downloads: list[int] = []
+        self._outages: list[int] = []
+        self._holds: list[UploadHold] = []
 
     def clear(self) -> None:
         with self._lock:
+            for hold in self._holds:
+                hold.release()
+            self._holds.clear()
             self._rate_limited = 0
+            self._outages.clear()
             self._uploads.clear()
             self._commits.clear()
             self._downloads.clear()
@@ -386,6 +407,14 @@ class _Faults:
             self._rate_limited -= 1
             return self._retry_after
 
+    def add_hold(self, hold: UploadHold) -> None:
+        with self._lock:
+            self._holds.append(hold)
+
+    def take_hold(self) -> UploadHold | None:
+        with self._lock:
+            return self._holds.pop(0) if self._holds else None
+
     def take_upload(self) -> UploadFault | None:
         with self._lock:
             return self._uploads.pop(0) if self._uploads else None
@@ -397,6 +426,14 @@ class _Faults:
     def take_download(self) -> int | None:
         with self._lock:
             return self._downloads.pop(0) if self._downloads else None
+
+    def add_outage(self, status: int, n: int) -> None:
+        with self._lock:
+            self._outages.extend([status] * n)
+
+    def take_outage(self) -> int | None:
+        with self._lock:
+            return self._outages.pop(0) if self._outages else None
 
 
 class _DropConnection(Exception):
@@ -703,6 +740,9 @@ class _HubApp:
         housekeeping = route is not None and route.housekeeping
         if auth == "unknown" and not housekeeping:
             return HubError(401, _INVALID_TOKEN).to_response()
+        if not housekeeping and (status := self._faults.take_outage()) is not None:
+            call.fault = "outage"
+            return HubError(status, f"Service unavailable (injected {status})").to_response()
         if not housekeeping and (retry_after := self._faults.take_rate_limit()) is not None:
             call.fault = "rate_limit"
             headers = {"Retry-After": str(retry_after)}
@@ -923,6 +963,12 @@ class _HubApp:
     async def _lfs_upload(self, call: _Call) -> Response:
         repo = self._store.repo(call.repo_id)  # a pre-signed URL: no token needed
         oid = call.params["oid"]
+        if (hold := self._faults.take_hold()) is not None:
+            call.fault = "hold"
+            hold.reached.set()
+            while not hold.released.is_set():
+                await asyncio.sleep(0.02)
+            return _Dropped()
         fault = self._faults.take_upload()
         if fault is not None:
             call.fault = fault
@@ -1048,7 +1094,8 @@ class FakeHub:
     Helpers (Python, not HTTP): ``create_repo``, ``commit``, ``create_branch``, ``move_branch``,
     ``update_repo``, ``head``, ``branches``, ``files``, ``file``, ``entries``, ``commits``,
     ``add_token``. Observation: ``requests``, ``clear_requests``, ``bytes_served``.
-    Faults: ``rate_limit``, ``fail_uploads``, ``fail_commits``, ``fail_downloads``.
+    Faults: ``rate_limit``, ``fail_uploads``, ``hold_upload``, ``fail_commits``,
+    ``fail_requests``, ``fail_downloads``.
     """
 
     def __init__(self, *, port: int = 0, lfs_verify: bool = True) -> None:
@@ -1247,6 +1294,10 @@ class FakeHub:
     def head(self, repo_id: str, branch: str = "main") -> str:
         return self._store.resolve(self._store.repo(repo_id), branch).oid
 
+    def is_private(self, repo_id: str) -> bool:
+        with self._store.lock:
+            return self._store.repo(repo_id).private
+
     def branches(self, repo_id: str) -> dict[str, str]:
         repo = self._store.repo(repo_id)
         with self._store.lock:
@@ -1295,10 +1346,21 @@ class FakeHub:
         connection; "error" answers 500. (The client retries both, after 1 s, 2 s, ...)"""
         self._faults.add_uploads(mode, n)
 
+    def hold_upload(self) -> UploadHold:
+        """The next LFS PUT upload waits, unanswered, until the returned hold is released (then
+        its connection is dropped): a publish that is deterministically mid-upload."""
+        hold = UploadHold()
+        self._faults.add_hold(hold)
+        return hold
+
     def fail_commits(self, n: int = 1, *, mode: CommitFault = "error") -> None:
         """The next ``n`` commit POSTs fail: "error" (500, nothing committed), "drop" (connection
         closed, nothing committed), "lost_response" (committed, then the connection is closed)."""
         self._faults.add_commits(mode, n)
+
+    def fail_requests(self, n: int = 1, *, status: int = 503) -> None:
+        """The next ``n`` API or file requests answer ``status`` (an outage: 500, 502, 503)."""
+        self._faults.add_outage(status, n)
 
     def fail_downloads(self, n: int = 1, *, after_bytes: int = 0) -> None:
         """The next ``n`` GET /resolve responses are cut after ``after_bytes`` body bytes."""

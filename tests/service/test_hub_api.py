@@ -64,7 +64,9 @@ def experts(hub: Any, sharded_family: Path) -> dict[str, str]:
 @pytest.fixture
 def service(tmp_path: Path, examples: Path) -> Iterator[Service]:
     url = f"sqlite:///{tmp_path / 'layerswap.db'}"
-    with running_service(tmp_path, url, examples, hub_credentials={"team-a": TOKEN}) as running:
+    with running_service(
+        tmp_path, url, examples, hub_credentials={"default": {"team-a": TOKEN}}
+    ) as running:
         yield running
 
 
@@ -252,6 +254,50 @@ def test_unknown_credential_names_are_refused(service: Service, experts: dict[st
         error = response.json()["error"]
         assert error["code"] == "unknown_credential" and "nobody" in error["message"]
         assert TOKEN not in response.text
+        assert "team-a" not in response.text, "the configured names are not listed"
+
+
+def test_a_tenant_uses_only_its_own_credentials(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    from service.auth import create_key
+
+    credentials = {"a": {"team-a": TOKEN}, "b": {"own": "hf_b_own_token"}}
+    url = f"sqlite:///{tmp_path / 'tenants.db'}"
+    with running_service(tmp_path, url, examples, auth=True, hub_credentials=credentials) as svc:
+        key_a, key_b = create_key(svc.db, "a"), create_key(svc.db, "b")
+        private = swap(task="hf://team-a/private-math", credential="team-a")
+        refused = []
+        for body in (private, swap(credential="nobody"), swap(output=to_hub())):
+            response = svc.client.post(
+                "/v1/merges", json=body, headers={"Authorization": f"Bearer {key_b}"}
+            )
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["code"] == "unknown_credential"
+            assert "own" not in error["message"] and TOKEN not in response.text
+            refused.append(error["message"].replace("nobody", "team-a"))
+        # Another tenant's name reads exactly like a name nobody has.
+        assert refused[0] == refused[1]
+        assert error["details"]["field"] == "output.hub.credential"
+        assert not any(r.token == TOKEN for r in hub.requests), "b's requests never used a's"
+
+        accepted = svc.client.post(
+            "/v1/merges", json=private, headers={"Authorization": f"Bearer {key_a}"}
+        )
+        assert accepted.status_code == 202, accepted.text
+        assert any(r.token == TOKEN for r in hub.requests), "tenant a's own credential was used"
+
+
+def test_the_flat_credentials_form_is_refused_at_start_without_echoing_tokens(
+    tmp_path: Path,
+) -> None:
+    flat = json.dumps({"team-a": "hf_flat_secret"})
+    result = cli(tmp_path, "serve", "--port", "1", LAYERSWAP_HUB_CREDENTIALS=flat)
+    assert result.returncode == 2
+    assert "error [invalid_settings]: hub_credentials:" in result.stderr
+    assert '{"<tenant>": {"<name>": "hf_..."}}' in result.stderr
+    assert "hf_flat_secret" not in result.stdout + result.stderr
 
 
 def test_the_token_appears_nowhere(
@@ -339,7 +385,11 @@ def test_hub_down_at_submit_is_503_and_rate_limits_are_503(
 def held_job(tmp_path: Path, examples: Path, body: dict[str, Any]) -> Any:
     url = f"sqlite:///{tmp_path / 'layerswap.db'}"
     return running_service(
-        tmp_path, url, examples, job_executor=HeldExecutor(), hub_credentials={"team-a": TOKEN}
+        tmp_path,
+        url,
+        examples,
+        job_executor=HeldExecutor(),
+        hub_credentials={"default": {"team-a": TOKEN}},
     )
 
 
@@ -353,6 +403,56 @@ def test_rate_limits_during_the_job_are_retried(
         done = service.client.get(f"/v1/merges/{job['id']}").json()
     assert done["status"] == "succeeded", done["error"]
     assert sum(r.status == 429 for r in hub.requests) == 3
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_hub_outages_during_the_job_are_retried(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str], status: int
+) -> None:
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap())
+        hub.clear_requests()
+        hub.fail_requests(2, status=status)  # the job's first two Hub requests fail
+        run_job(job["id"], db=service.db, settings=service.settings)
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    assert [r.status for r in hub.requests if r.fault == "outage"] == [status, status]
+
+
+def test_a_full_disk_under_the_hub_cache_fails_the_job_as_disk_full_once(
+    tmp_path: Path, examples: Path, hub: Any, experts: dict[str, str], small_filesystem: Any
+) -> None:
+    tiny = small_filesystem(128 * 1024)  # smaller than one shard of the experts
+    with held_job(tmp_path, examples, swap()) as service:
+        job = service.submit(swap())
+        cache = service.settings.cache_dir / "hub"
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.symlink_to(tiny, target_is_directory=True)
+        run_job(job["id"], db=service.db, settings=service.settings)
+        done = service.client.get(f"/v1/merges/{job['id']}").json()
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "disk_full", done["error"]
+    assert done["attempts"] == 1, "a full disk is not retried"
+
+
+def test_publishing_is_private_by_default_and_goes_to_the_named_branch(
+    service: Service, hub: Any, experts: dict[str, str]
+) -> None:
+    first = service.wait(service.submit(swap(output=to_hub("team-a/fresh")))["id"])
+    assert first["status"] == "succeeded", first["error"]
+    assert hub.is_private("team-a/fresh")
+
+    body = swap(output={"name": "on-branch",
+                        "hub": {"repo": "team-a/branched", "credential": "team-a",
+                                "branch": "exp-1", "private": False}})  # fmt: skip
+    done = service.wait(service.submit(body)["id"])
+    assert done["status"] == "succeeded", done["error"]
+    published = done["result"]["published"]
+    assert published["branch"] == "exp-1"
+    assert hub.branches("team-a/branched")["exp-1"] == published["commit"]
+    assert "config.json" in hub.files("team-a/branched", "exp-1")
+    assert "config.json" not in hub.files("team-a/branched", "main"), "main is left alone"
+    assert not hub.is_private("team-a/branched")
 
 
 def test_a_file_missing_from_the_commit_fails_the_job(
@@ -468,7 +568,7 @@ def test_cli_merges_from_and_publishes_to_the_hub(
     recipe = swap(credential="team-a", output=to_hub("team-a/from-cli"))
     recipe["output"].pop("name")
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    credentials = json.dumps({"team-a": TOKEN})
+    credentials = json.dumps({"default": {"team-a": TOKEN}})
 
     planned = cli(tmp_path, "merge", "recipe.yaml", "--out", "out", "--dry-run",
                   LAYERSWAP_HUB_CREDENTIALS=credentials)  # fmt: skip
@@ -595,3 +695,94 @@ def test_views_left_by_killed_jobs_are_pruned(
     assert not old.exists() and recent.exists()
     fetched.close()
     assert recent.exists() and not any(p == fetched.root for p in views.iterdir())
+
+
+# --- the command line against the Hub ---------------------------------------------------------
+
+
+def cli_merge(tmp_path: Path, out: str, cache: Path, **env: str) -> subprocess.Popen[str]:
+    """`layerswap merge` of swap() in its own process (the suite's HF_ENDPOINT, no token unless
+    `env` gives one), its Hub downloads cached under `cache`."""
+    recipe = tmp_path / "swap.yaml"
+    recipe.write_text(yaml.safe_dump(swap()), encoding="utf-8")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
+    environment.pop("HF_TOKEN", None)
+    environment.update(LAYERSWAP_CACHE_DIR=str(cache), **env)
+    layerswap = Path(sys.executable).parent / "layerswap"
+    return subprocess.Popen(
+        [str(layerswap), "merge", str(recipe), "--out", str(tmp_path / out), "-q", "--no-fsync"],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def finished_ok(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return out + err
+
+
+def served(hub: Any, family: Path) -> dict[str, int]:
+    """Bytes the hub has sent so far of every file of org/math and org/swh."""
+    return {
+        f"{repo}/{p.name}": hub.bytes_served(repo, p.name)
+        for repo, expert in (("org/math", "math"), ("org/swh", "swh"))
+        for p in (family / expert).iterdir()
+    }
+
+
+def test_concurrent_processes_download_each_file_once(
+    tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    """Two merges in two processes at once, sharing one cache, fetch exactly the bytes one
+    merge alone fetches: the cache's file locks make one process download, the other wait."""
+    before = served(hub, sharded_family)
+    finished_ok(cli_merge(tmp_path, "alone", tmp_path / "cache-alone"))
+    alone = {k: v - before[k] for k, v in served(hub, sharded_family).items()}
+    assert sum(alone.values()) > 0
+
+    before = served(hub, sharded_family)
+    pair = [cli_merge(tmp_path, name, tmp_path / "cache-shared") for name in ("one", "two")]
+    for process in pair:
+        finished_ok(process)
+    together = {k: v - before[k] for k, v in served(hub, sharded_family).items()}
+    assert together == alone
+    for name in ("one", "two"):
+        weights = sorted((tmp_path / name).glob("*.safetensors"))
+        assert [p.name for p in weights] == sorted(
+            p.name for p in (tmp_path / "alone").glob("*.safetensors")
+        )
+        for path in weights:
+            assert path.read_bytes() == (tmp_path / "alone" / path.name).read_bytes()
+
+
+def test_the_cli_uses_hf_token_when_no_credential_is_named(
+    tmp_path: Path, hub: Any, experts: dict[str, str]
+) -> None:
+    recipe_source = "hf://team-a/private-math"
+    body = swap(task=recipe_source)
+    (tmp_path / "swap.yaml").write_text(yaml.safe_dump(body), encoding="utf-8")
+
+    def run(**env: str) -> subprocess.CompletedProcess[str]:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
+        environment.pop("HF_TOKEN", None)
+        environment.update(LAYERSWAP_CACHE_DIR=str(tmp_path / "cache"), **env)
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "layerswap"), "merge", str(tmp_path / "swap.yaml"),
+             "--out", str(tmp_path / "out"), "-q", "--no-fsync"],
+            env=environment, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    hub.clear_requests()
+    refused = run()  # no token: the private repository is not found, as the Hub says it
+    assert refused.returncode == 1, refused.stderr
+    assert "team-a/private-math" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "out").exists()
+    assert all(r.token is None for r in hub.requests)
+
+    hub.clear_requests()
+    merged = run(HF_TOKEN=TOKEN)
+    assert merged.returncode == 0, merged.stderr
+    private = [r for r in hub.requests if "team-a/private-math" in r.path]
+    assert private and all(r.token == TOKEN for r in private)
+    assert TOKEN not in merged.stdout + merged.stderr
+    assert (tmp_path / "out" / "config.json").is_file()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from worker.engine.errors import EngineError
+from worker.engine.errors import DiskFull, EngineError, is_disk_full
 
 
 class HubError(EngineError):
@@ -87,6 +87,9 @@ def hub_errors(what: str) -> Iterator[None]:
             raise HubUnauthorized(f"{what}: the credential is not allowed to do this") from None
         raise HubUnavailable(f"{what}: the Hub answered HTTP {status}") from None
     except unreachable as e:
+        if is_disk_full(e):  # our disk, not the Hub: retrying would fail the same way
+            where = getattr(e, "filename", None) or what
+            raise DiskFull.at(where, f"{what} into the Hub cache") from None
         raise HubUnavailable(f"{what}: the Hub is unreachable ({type(e).__name__})") from None
 
 

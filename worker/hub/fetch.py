@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 from filelock import FileLock
 
 from worker.engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
-from worker.engine.errors import MergeCanceled
+from worker.engine.errors import CheckpointError, DiskFull, MergeCanceled, is_disk_full
+from worker.engine.limits import MAX_SIDE_FILE_BYTES
 from worker.engine.planner import Resolver, make_plan
 from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
 from worker.hub.errors import HubError, HubFileMissing, HubRateLimited, HubUnavailable, hub_errors
@@ -95,6 +96,11 @@ def fetch_inputs(
             view.mkdir(parents=True)
             fetched.directories[source] = view
             side = [n for n in pinned.files if n in SIDE_FILES]
+            for name in side:  # sizes are known from the listing: refuse before downloading
+                if (size := pinned.files[name].size) > MAX_SIDE_FILE_BYTES:
+                    raise CheckpointError.at(
+                        f"{source}/{name}", f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
+                    )
             meter.total += sum(pinned.files[n].size for n in side)
             for name in side:
                 _link(view / name, _download(pinned, name, cache_dir, token, meter))
@@ -250,10 +256,16 @@ def _write_header_file(pinned: PinnedRepo, name: str, token: str | None, path: P
         raise HubError(f"{where}: not a safetensors file (header length {length})")
     header = _read_range(pinned, name, token, 8, 8 + length - 1)
     tmp = path.with_name(f".{name}.{uuid.uuid4().hex[:8]}")
-    with tmp.open("wb") as f:
-        f.write(length.to_bytes(8, "little") + header)
-        f.truncate(size)  # sparse: the data is never read from here
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            f.write(length.to_bytes(8, "little") + header)
+            f.truncate(size)  # sparse: the data is never read from here
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # no half-written header file stays in the cache
+        if is_disk_full(e):
+            raise DiskFull.at(path.parent, f"the header of {where}") from None
+        raise
 
 
 def _read_range(pinned: PinnedRepo, name: str, token: str | None, first: int, last: int) -> bytes:
@@ -264,7 +276,9 @@ def _read_range_once(
     pinned: PinnedRepo, name: str, token: str | None, first: int, last: int
 ) -> bytes:
     from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
-    from huggingface_hub.utils._headers import build_hf_headers
+
+    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
     where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
     with hub_errors(where):
