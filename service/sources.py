@@ -6,6 +6,7 @@ Inside the artifacts directory a tenant may read only its own outputs.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from service.errors import SourceNotAllowed, SourceNotFound
@@ -49,8 +50,21 @@ def resolve_source(
             f"{field}: {source} is outside the allowed source directories",
             details={"field": field},
         )
-    if must_exist and not real.is_dir():
+    if must_exist and not _is_directory(real, field):
         raise SourceNotFound(
             f"{field}: {source} is not a checkpoint directory", details={"field": field}
         )
     return real
+
+
+def _is_directory(path: Path, field: str) -> bool:
+    """Path.is_dir() lets some errors through (a name too long, permission denied): each is a
+    422 naming the field, never a 500."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise SourceNotAllowed(
+            f"{field}: not a usable path ({e.strerror})", details={"field": field}
+        ) from None

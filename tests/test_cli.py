@@ -296,3 +296,26 @@ def test_worker_refuses_invalid_settings(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "invalid_settings" in result.stderr and "stale_after_s" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("device", "problem"),
+    # No host has 100 GPUs (CI's has none), so cuda:99 is refused everywhere.
+    [
+        ("tpu", "should match pattern"),
+        ("cuda:x", "should match pattern"),
+        ("cuda:99", "'cuda:99' requested but"),
+    ],
+)
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_merge_device_is_checked_at_start(
+    tmp_path: Path, command: str, device: str, problem: str
+) -> None:
+    env = {**os.environ, "LAYERSWAP_MERGE_DEVICE": device, "LAYERSWAP_DATA_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "layerswap"), command],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "error [invalid_settings]: merge_device:" in result.stderr
+    assert problem in result.stderr

@@ -134,10 +134,10 @@ def test_concurrent_different_bodies_on_one_key_create_one_job(
     postgres_url: str, tmp_path: Path, examples: Path
 ) -> None:
     with running_service(tmp_path, postgres_url, examples) as service:
-        bodies = [layer_swap(top=top) for top in range(8)]
+        bodies = [layer_swap(top=top) for top in range(1, 6)]  # all valid for 6 layers
         responses = post_all_at_once(service.client.app, bodies, "race-different")
         statuses = sorted(r.status_code for r in responses)
-        assert statuses == [202] + [422] * 7, [r.text for r in responses]
+        assert statuses == [202] + [422] * 4, [r.text for r in responses]
         (winner,) = [r.json() for r in responses if r.status_code == 202]
         for response in responses:
             if response.status_code == 422:

@@ -18,7 +18,9 @@ import pytest
 from sqlalchemy import update
 
 from service.db.models import Job
-from tests.service.conftest import TERMINAL, Service, layer_swap, running_service
+from service.db.session import Database
+from tests.service.conftest import TERMINAL, Service, layer_swap, make_settings, running_service
+from worker.executors import LocalExecutor
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,6 +42,36 @@ class HeldExecutor:
 
     def stop(self) -> None:
         pass
+
+
+class SourceVanishes(LocalExecutor):
+    """The local executor, except that the checkpoint `vanishing/` is deleted as each job is
+    handed over: a job naming it passed the checks at submit and fails when it plans."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        settings = make_settings(root, url)
+        super().__init__(Database(settings.database), settings)
+        self.vanishing = settings.source_roots[0] / "vanishing"
+
+    def dispatch(self, job_id: str, kind: str) -> None:
+        shutil.rmtree(self.vanishing, ignore_errors=True)
+        super().dispatch(job_id, kind)
+
+
+@pytest.fixture
+def vanishing(tmp_path: Path, database_url: str, examples: Path) -> Iterator[Service]:
+    """A service whose `vanishing/` source is gone by the time a job submitted with it runs;
+    `service.checkpoints / "vanishing"` must be created (a copy of swh/) before that submit."""
+    executor = SourceVanishes(tmp_path, database_url)
+    with running_service(tmp_path, database_url, examples, job_executor=executor) as running:
+        yield running
+    executor.db.dispose()
+
+
+def failing(service: Service) -> dict[str, Any]:
+    """A layer swap that is accepted and then fails: its language expert vanishes."""
+    shutil.copytree(service.checkpoints / "swh", service.checkpoints / "vanishing")
+    return {**layer_swap(), "experts": {"task": ["math"], "language": ["vanishing"]}}
 
 
 def soup(*models: str, **top: Any) -> dict[str, Any]:
@@ -80,11 +112,12 @@ def output_dir(service: Service, job: dict[str, Any]) -> Path:
 # --- listing ------------------------------------------------------------------------------
 
 
-def test_list_is_newest_first_with_status_filter_and_cursor_pages(service: Service) -> None:
-    bodies = [layer_swap(), soup(), layer_swap(top=2), layer_swap(bottom=9), soup("swh", "math")]
-    ids = [service.submit(body)["id"] for body in bodies]
+def test_list_is_newest_first_with_status_filter_and_cursor_pages(vanishing: Service) -> None:
+    service = vanishing
+    bodies = [layer_swap(), soup(), layer_swap(top=2), None, soup("swh", "math")]
+    ids = [service.submit(body or failing(service))["id"] for body in bodies]
     finished = {job_id: service.wait(job_id)["status"] for job_id in ids}
-    assert finished[ids[3]] == "failed"  # 9 + 1 layers of 6
+    assert finished[ids[3]] == "failed"  # its source vanished
     assert [s for i, s in finished.items() if i != ids[3]] == ["succeeded"] * 4
     newest_first = ids[::-1]
 
@@ -565,7 +598,8 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def test_metrics_count_jobs_by_status(service: Service) -> None:
+def test_metrics_count_jobs_by_status(vanishing: Service) -> None:
+    service = vanishing
     empty = service.client.get("/metrics")
     assert empty.status_code == 200
     assert empty.headers["content-type"].startswith("text/plain")
@@ -573,7 +607,7 @@ def test_metrics_count_jobs_by_status(service: Service) -> None:
     assert metric(empty.text, 'layerswap_jobs{kind="merge",status="succeeded"}') is None
 
     ok = [service.submit(layer_swap())["id"], service.submit(soup())["id"]]
-    failed = service.submit(layer_swap(bottom=9))["id"]
+    failed = service.submit(failing(service))["id"]
     for job_id in [*ok, failed]:
         service.wait(job_id)
     text = service.client.get("/metrics").text

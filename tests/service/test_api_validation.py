@@ -112,6 +112,22 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
     ("output.dtype unknown", with_(layer_swap(), output={"dtype": "int8"}), "output.dtype"),
     ("output.shard_size", with_(layer_swap(), output={"shard_size": "huge"}), "output.shard_size"),
     ("unknown output option", with_(layer_swap(), output={"format": "gguf"}), "output.format"),
+    (
+        "33 task experts",
+        with_(layer_swap(), experts={"task": ["math"] * 33, "language": ["swh"]}),
+        "experts.task",
+    ),
+    ("65 models in a soup", with_(soup(), models=["math"] * 65), "models"),
+    (
+        "65 task-arithmetic weights",
+        {
+            "method": "task_arithmetic",
+            "base": "base",
+            "models": ["math"],
+            "params": {"weights": [1.0] * 65},
+        },
+        "params.weights",
+    ),
 ]
 
 
@@ -193,28 +209,49 @@ def test_sources_outside_the_allowed_roots_are_422(api: Service, tmp_path: Path)
     assert job_count(api) == before
 
 
-def test_plan_time_error_fails_the_job_naming_params(api: Service) -> None:
-    """bottom + transitions + top > layers is only known once the checkpoints are read: the
-    request is accepted, and the job fails with the error shape, no stack trace, no output."""
-    response = api.client.post(
-        "/v1/merges", json=layer_swap(bottom=3, top=2, bottom_transition=1, top_transition=1)
-    )
-    assert response.status_code == 202, response.text
-    job = api.wait(response.json()["id"])
-    assert job["status"] == "failed"
-    assert job["output"] is None
-    error = job["error"]
-    assert set(error) == {"code", "message", "details"}
-    assert error["code"] == "invalid_recipe"
-    assert error["details"]["field"] == "params"
+def test_header_checks_run_at_submit(api: Service, tmp_path: Path) -> None:
+    """What the checkpoints' headers decide (7 of 6 layers asked for, an architecture that does
+    not match, a tensor missing) is a 422 at submit: no job, nothing written."""
+    import json
+    import shutil
+
+    before = job_count(api)
+    too_many = layer_swap(bottom=3, top=2, bottom_transition=1, top_transition=1)
+    error = error_of(api.client.post("/v1/merges", json=too_many))
+    assert error["code"] == "invalid_recipe" and error["details"]["field"] == "params"
     assert error["message"].startswith("params:")
     assert "7" in error["message"] and "6" in error["message"]  # asked for 7 of 6 layers
-    assert "Traceback" not in error["message"]
-    failed = api.client.get(f"/v1/merges/{job['id']}/events").json()
-    assert failed[-1]["type"] == "failed"
-    assert failed[-1]["data"]["code"] == "invalid_recipe"
-    name = job["request"]["output"]["name"] or f"merge-{job['id'][:12]}"
-    assert not (api.settings.artifacts_dir / "default" / name).exists()
+
+    other = api.checkpoints / f"qwen-{tmp_path.name}"
+    shutil.copytree(api.checkpoints / "swh", other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    error = error_of(api.client.post("/v1/merges", json=with_(soup(), models=["math", other.name])))
+    assert error["code"] == "incompatible_checkpoints", error
+
+    partial = api.checkpoints / f"partial-{tmp_path.name}"
+    shutil.copytree(api.checkpoints / "swh", partial)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(partial / "model.safetensors"))
+    tensors.pop("model.norm.weight")
+    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    error = error_of(
+        api.client.post("/v1/merges", json=with_(soup(), models=["math", partial.name]))
+    )
+    assert error["code"] == "incompatible_checkpoints" and "model.norm.weight" in error["message"]
+    assert job_count(api) == before
+
+
+def test_unusable_source_paths_are_422_naming_the_field(api: Service) -> None:
+    """A name too long for the filesystem, a path through a file: the OS refuses; a 422."""
+    before = job_count(api)
+    for source in ["x" * 5000, "a/" * 3000 + "b", "math/config.json/more"]:
+        body = with_(soup(), models=["math", source])
+        error = error_of(api.client.post("/v1/merges", json=body))
+        assert error["code"] in {"source_not_allowed", "source_not_found"}, (source[:20], error)
+        assert error["details"]["field"] == "models.1"
+    assert job_count(api) == before
 
 
 @pytest.mark.parametrize(

@@ -155,11 +155,6 @@ def test_a_tenant_at_its_quota_frees_space_to_submit_again(
         assert full["code"] == "quota_exceeded"
 
 
-@pytest.mark.xfail(
-    reason="needs the engine part of issue 9 (merge() calling MergeOptions.reserve_space); "
-    "passes once that branch is merged: remove this marker then",
-    strict=False,
-)
 def test_a_merge_that_would_pass_the_quota_is_refused_before_writing(
     tmp_path: Path, database_url: str, examples: Path
 ) -> None:
