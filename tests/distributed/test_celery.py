@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import subprocess
 import time
 from datetime import datetime
@@ -359,23 +360,30 @@ def test_a_worker_cut_off_from_the_database_is_superseded(
 
 
 def test_a_worker_killed_while_publishing_leaves_one_commit(
-    cluster: Cluster, big_family: Path, hub: Any
+    cluster: Cluster, big_family: Path, hub: Any, tmp_path: Path
 ) -> None:
-    """The worker dies mid-upload; the next attempt adopts the local output and publishes it,
-    and the destination ends with exactly one commit of it. The token, configured on the
-    workers by name, appears in no message, log, row or response."""
+    """The worker dies mid-upload (the hub holds its first upload unanswered until the kill);
+    the next attempt adopts the local output and publishes it, and the destination ends with
+    exactly one commit of it. The token, configured on the workers by name, appears in no
+    Redis command (MONITOR records every one, task bodies decoded), log, row or response."""
     hub.add_token(HUB_TOKEN, user="team-a", read=["team-a/*"], write=["team-a/*"])
-    worker = cluster.start_worker()
-    body = ties(big_family, name="published")
-    body["output"]["hub"] = {"repo": "team-a/published", "credential": "team-a"}
-    job = cluster.service.submit(body)
-    cluster.wait_until(job["id"], lambda j: j["stage"] == "publishing")
-    worker.kill()
-    rescuer = cluster.start_worker("rescuer")
+    held = hub.hold_upload()
+    with cluster.redis.monitor(tmp_path / "redis-monitor.log") as redis_commands:
+        worker = cluster.start_worker()
+        body = ties(big_family, name="published")
+        body["output"]["hub"] = {"repo": "team-a/published", "credential": "team-a"}
+        job = cluster.service.submit(body)
+        wait_for(held.reached.is_set, "the worker's first upload to reach the hub", timeout=120)
+        assert cluster.job(job["id"])["stage"] == "publishing"
+        worker.kill()
+        held.release()
+        rescuer = cluster.start_worker("rescuer")
 
-    done = cluster.wait_until(job["id"], finished)
+        done = cluster.wait_until(job["id"], finished)
+        traffic = redis_commands()
     assert done["status"] == "succeeded", done
     assert done["attempts"] == 2
+    assert [r.fault for r in hub.requests].count("hold") == 1
     commits = hub.commits("team-a/published")
     assert len(commits) == 2, [c.title for c in commits]  # the initial one, and ours once
     out_dir = cluster.service.settings.artifacts_dir / "default" / "published"
@@ -383,9 +391,25 @@ def test_a_worker_killed_while_publishing_leaves_one_commit(
     for path in out_dir.iterdir():
         assert remote[path.name].sha256 == file_sha256(path), path.name
     assert "adopting the output" in rescuer.text()
+
+    # Task messages are base64 inside the commands MONITOR shows: decode them too.
+    bodies = re.findall(r'\\"body\\": \\"([A-Za-z0-9+/=]+)\\"', traffic)
+    decoded = [base64.b64decode(b).decode() for b in bodies]
+    assert any(job["id"] in message for message in decoded), "the task messages were recorded"
+    with cluster.service.db.session() as session:
+        rows = [
+            str(row)
+            for table in ("jobs", "job_events", "artifacts")
+            for row in session.execute(text(f"SELECT * FROM {table}")).all()
+        ]
+    assert any(job["id"] in row for row in rows)
     for seen in (
+        traffic,
+        *decoded,
+        *rows,
         worker.text(),
         rescuer.text(),
         cluster.service.client.get(f"/v1/merges/{job['id']}").text,
+        cluster.service.client.get(f"/v1/merges/{job['id']}/events").text,
     ):
         assert HUB_TOKEN not in seen

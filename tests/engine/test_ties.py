@@ -1,4 +1,4 @@
-"""TIES (DESIGN.md §3.4) against a whole-tensor in-memory reference, incl. the radix-select path."""
+"""TIES (README.md) against a whole-tensor in-memory reference, incl. the radix-select path."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The real ``huggingface_hub`` client against FakeHub.
 
 ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_DISABLE_XET``, ``HF_HUB_OFFLINE`` and its
-cache paths once, at import, and ``tests/conftest.py`` sets ``HF_HUB_OFFLINE=1`` for the session.
+cache paths once, at import, and ``tests/conftest.py`` fixes them for the whole test process.
 So the client runs in one spawned interpreter per module (``ClientProcess``) whose environment is
 ``FakeHub.client_env(...)``; the ``client_*`` functions below run there and return plain data.
 This process only imports ``huggingface_hub.errors`` (which reads no setting) for the exceptions.
