@@ -20,7 +20,7 @@ COPY service service
 COPY worker worker
 COPY migrations migrations
 # Editable, so the Alembic migrations are found beside the code they belong to.
-RUN pip install -c constraints.txt -e . "flower>=2.0"
+RUN pip install -c constraints.txt -e ".[eval]" "flower>=2.0"
 
 RUN useradd --create-home --uid 1000 layerswap && mkdir -p /data && chown layerswap /data
 USER layerswap

@@ -17,6 +17,6 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev]"
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev,eval]"
     echo "$want" >"$stamp"
 fi
