@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One command from a clean clone: set everything up, then run the Layerswap service on its
 # embedded default (SQLite + in-process executor, data under ./data) on http://127.0.0.1:8000.
-# Example checkpoints are created once under data/checkpoints/examples to try the API with.
+# Example checkpoints (and a few MGSM-format rows) are created once under
+# data/checkpoints/examples to try the API with.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export LAYERSWAP_DATA_DIR="${LAYERSWAP_DATA_DIR:-$ROOT/data}"
 EXAMPLES="$LAYERSWAP_DATA_DIR/checkpoints/examples"
-[[ -d "$EXAMPLES/base" ]] || .venv/bin/layerswap examples "$EXAMPLES"
+[[ -d "$EXAMPLES/eval-data" ]] || .venv/bin/layerswap examples "$EXAMPLES"
+# Evaluation data: a few MGSM-format rows from `layerswap examples` unless set (real MGSM:
+# scripts/export_mgsm.py).
+export LAYERSWAP_EVAL_DATA_DIR="${LAYERSWAP_EVAL_DATA_DIR:-$EXAMPLES/eval-data}"
 exec .venv/bin/layerswap serve "$@"

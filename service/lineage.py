@@ -154,7 +154,7 @@ def graph(db: Database, *, tenant: str, artifact_id: str, direction: str) -> dic
     return {
         "root": artifact_id,
         "direction": direction,
-        "artifacts": [artifact_dict(a) for a in nodes.values()],
+        "artifacts": [{**artifact_dict(a), "scores": _scores(db, a)} for a in nodes.values()],
         "jobs": list(jobs.values()),
     }
 
@@ -165,6 +165,7 @@ def _job_node(session: Session, job_id: str) -> dict[str, Any]:
     edges = list(session.scalars(select(LineageEdge).where(LineageEdge.job_id == job_id)))
     return {
         "job_id": job.id,
+        "kind": job.kind,
         "method": job.request.get("method"),
         "recipe": job.request,
         "plan_digest": job.plan_digest,
@@ -180,6 +181,13 @@ def _edge(edge: LineageEdge) -> dict[str, Any]:
         "label": edge.label,
         "weight": edge.weight,
     }
+
+
+def _scores(db: Database, artifact: Artifact) -> list[dict[str, Any]]:
+    """The evaluation scores measured on an artifact (newest of each kind)."""
+    from service.evaluations import score_dict, scores_of_artifact
+
+    return [score_dict(s) for s in scores_of_artifact(db, artifact.tenant_id, artifact.id)]
 
 
 def artifact_dict(artifact: Artifact) -> dict[str, Any]:
@@ -264,14 +272,10 @@ def _jobs_using(session: Session, settings: Settings, tenant: str, location: Pat
 
 
 def _local_sources(job: Job, settings: Settings) -> set[Path]:
-    from worker.engine.recipe import named_sources, parse_recipe
+    from service.kinds import kind_of
     from worker.hub.refs import is_hub_source
 
-    request = job.request
-    if job.kind == "analysis":
-        sources = [request["base"], *(e["path"] for e in request["experts"])]
-    else:
-        sources = [n.source for n in named_sources(parse_recipe(request))]
+    sources = kind_of(job.kind).sources(job.request)
     found = set()
     for source in sources:
         if is_hub_source(source):

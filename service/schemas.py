@@ -8,12 +8,43 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from service.db.models import Job, as_utc
+from service.kinds import kind_of
+from worker.engine.recipe import LayerSwapRecipe, SoupRecipe, TaskArithmeticRecipe, TiesRecipe
+from worker.evaluation.spec import EvaluationSpec
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Evaluated(BaseModel):
+    evaluation: EvaluationSpec | None = Field(
+        None, description="evaluate the merged model with lm-eval once the merge succeeds"
+    )
+
+
+class LayerSwapMerge(LayerSwapRecipe, _Evaluated):
+    pass
+
+
+class SoupMerge(SoupRecipe, _Evaluated):
+    pass
+
+
+class TaskArithmeticMerge(TaskArithmeticRecipe, _Evaluated):
+    pass
+
+
+class TiesMerge(TiesRecipe, _Evaluated):
+    pass
+
+
+# A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
+MergeRequest = Annotated[
+    LayerSwapMerge | SoupMerge | TaskArithmeticMerge | TiesMerge, Field(discriminator="method")
+]
 
 
 class ErrorBody(BaseModel):
@@ -23,6 +54,11 @@ class ErrorBody(BaseModel):
 
 
 class ProgressRead(BaseModel):
+    unit: str = Field(
+        "bytes", description="what done/total count: bytes, or requests (evaluations)"
+    )
+    done: int
+    total: int
     bytes_done: int
     bytes_total: int
     tensors_done: int
@@ -111,9 +147,16 @@ def progress_of(job: Job) -> ProgressRead:
     started = as_utc(job.started_at)
     if started is not None and 0 < fraction < 1 and job.status == "running":
         eta = (datetime.now(UTC) - started).total_seconds() * (1 - fraction) / fraction
+    unit = kind_of(job.kind).progress_unit
+    # One pair of columns holds the progress of every kind, in the kind's own unit.
+    done, total = job.bytes_done, job.bytes_total
+    job_bytes = (done, total) if unit == "bytes" else (0, 0)
     return ProgressRead(
-        bytes_done=job.bytes_done,
-        bytes_total=job.bytes_total,
+        unit=unit,
+        done=done,
+        total=total,
+        bytes_done=job_bytes[0],
+        bytes_total=job_bytes[1],
         tensors_done=job.tensors_done,
         tensors_total=job.tensors_total,
         fraction=round(fraction, 6),

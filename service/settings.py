@@ -76,6 +76,21 @@ class Settings(BaseSettings):
     tenant_quota_bytes: int = Field(
         0, ge=0, description="bytes of stored outputs and analyses per tenant (0: unlimited)"
     )
+    eval_tasks_dir: Path | None = Field(
+        None, description="extra lm-eval task YAMLs (air-gapped deployments), beside lm-eval's own"
+    )
+    eval_data_dir: Path | None = Field(
+        None,
+        description="local evaluation data, e.g. mgsm/<lang>/test.jsonl (default: "
+        "<data_dir>/eval-data)",
+    )
+    eval_timeout_s: float = Field(
+        6 * 3600.0, gt=0, description="an evaluation running longer fails (evaluation_timeout)"
+    )
+    eval_backends: list[Literal["hf", "vllm"]] = Field(
+        ["hf"],
+        description="lm-eval backends the workers offer; vllm needs GPU workers with vllm",
+    )
 
     @field_validator("hub_credentials", mode="before")
     @classmethod
@@ -127,6 +142,15 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return (self.data_dir / "cache").absolute()
+
+    @property
+    def evaluation_data_dir(self) -> Path:
+        return (self.eval_data_dir or self.data_dir / "eval-data").absolute()
+
+    @property
+    def evaluations_dir(self) -> Path:
+        """Per-sample records and request caches of evaluations (not merge outputs)."""
+        return (self.data_dir / "evaluations").absolute()
 
     @property
     def source_roots(self) -> list[Path]:

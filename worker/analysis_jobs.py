@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 
 from service import jobs
 from service.db.models import Job, utcnow
+from service.db.session import Database
 from service.lineage import analyses_root, get_or_create_artifact, stored_size
 from service.settings import Settings
 from service.sources import resolve_source
-from worker.lease import JobLease, settle
+from worker.lease import JobLease, settle, write_with_retry
 
 
 def analysis_dir(settings: Settings, job: Job) -> Path:
@@ -76,3 +77,13 @@ def record_analysis(session: Session, lease: JobLease, job: Job, analysis: Analy
     row.output_artifact_id = artifact.id
     row.result = {**analysis.summary, "artifact_id": artifact.id}
     jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=artifact.id)
+
+
+def run_analysis_job(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
+    analysis = run_analysis(job, settings)
+    write_with_retry(
+        db,
+        lease,
+        lambda session: record_analysis(session, lease, job, analysis),
+        settings.db_retry_s,
+    )

@@ -13,13 +13,14 @@ from typing import Any
 
 from celery import Celery
 
+from service.kinds import QUEUES as KIND_QUEUES
+from service.kinds import kind_of
 from service.settings import Settings
 
 log = logging.getLogger("layerswap.celery")
 
 TASK_NAME = "layerswap.run_job"
-QUEUES = ("merge", "eval")
-QUEUE_FOR_KIND = {"merge": "merge", "analysis": "merge", "eval": "eval"}
+QUEUES = KIND_QUEUES
 
 # Longer than any merge should take. Redis has no acks: a delivered, unacknowledged message is
 # handed out again once this expires, *while its task may still be running* (the classic
@@ -29,7 +30,7 @@ VISIBILITY_TIMEOUT_S = 12 * 3600
 
 
 def queue_for(kind: str) -> str:
-    return QUEUE_FOR_KIND.get(kind, "merge")
+    return kind_of(kind).queue
 
 
 def make_celery(settings: Settings) -> Celery:

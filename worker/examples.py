@@ -256,4 +256,30 @@ def make_examples(out_dir: Path) -> dict[str, Path]:
         path = out_dir / f"{name}.yaml"
         path.write_text(_HEADER.format(name=name) + body + _OUTPUT, encoding="utf-8")
         paths[name] = path
+    paths["eval-data"] = make_eval_data(out_dir / "eval-data")
     return paths
+
+
+def make_eval_data(out_dir: Path, language: str = "sw") -> Path:
+    """A few MGSM-format rows (made-up arithmetic, not MGSM itself) in the layout the shipped
+    `mgsm_local_direct_<lang>` tasks read, so an evaluation can be tried without the dataset:
+    <out_dir>/mgsm/<lang>/{train,test}.jsonl. Real data: scripts/export_mgsm.py."""
+    import json
+
+    def row(i: int, with_answer: bool) -> dict[str, object]:
+        a, b = 3 + i, 4 + 2 * i
+        question = f"Juma ana machungwa {a} na anapewa {b} zaidi. Ana machungwa mangapi sasa?"
+        return {
+            "question": f"Question: {question}" if with_answer else question,
+            "answer": f"Step-by-Step Answer: {a} + {b} = {a + b}." if with_answer else None,
+            "answer_number": a + b,
+            "equation_solution": f"{a} + {b} = {a + b}",
+        }
+
+    folder = out_dir / "mgsm" / language
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", [row(i, True) for i in range(8)]),
+                        ("test", [row(i, False) for i in range(8, 24)])):  # fmt: skip
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        (folder / f"{split}.jsonl").write_text(lines, encoding="utf-8")
+    return out_dir

@@ -20,6 +20,8 @@ from service import jobs
 from service.db.models import Job, utcnow
 from service.db.session import Database
 from service.errors import ServiceError
+from service.evaluations import follow_up_evaluation
+from service.kinds import kind_of, merge_recipe
 from service.lineage import InputLink, get_or_create_artifact, link, stored_size
 from service.quota import space_reserver
 from service.settings import Settings
@@ -53,10 +55,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
     log.info("job %s: attempt %d started", job_id, attempt)
     with JobLease(db, job_id, attempt, settings) as lease:
         try:
-            if job.kind == "merge":
-                _run_merge(job, db, settings, lease)
-            else:
-                _run_analysis(job, db, settings, lease)
+            kind_of(job.kind).run()(job, db, settings, lease)
         except LeaseLost:
             log.warning("job %s: attempt %d was superseded; its result is dropped", job_id, attempt)
         except MergeCanceled:
@@ -110,13 +109,12 @@ def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **va
         )
 
 
-def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
-    from worker.engine.recipe import parse_recipe
+def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
     from worker.hub.credentials import token_for
     from worker.hub.errors import HubError
     from worker.hub.publish import publish
 
-    recipe = parse_recipe(job.request)
+    recipe = merge_recipe(job.request)
     out_dir = jobs.output_dir(settings, job)
     remove_leftovers(out_dir, job.id, lease.attempt)
     fetched = None
@@ -169,24 +167,15 @@ def _run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> N
                 "resolved_weights": manifest["resolved_weights"],
                 **({"published": published} if published else {}),
             }
+            evaluation = follow_up_evaluation(session, settings, row, output.id)
+            if evaluation is not None:
+                row.result = {**row.result, "evaluation_job_id": evaluation.id}
             jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
 
         write_with_retry(db, lease, record, settings.db_retry_s)
     finally:
         if fetched is not None:
             fetched.close()
-
-
-def _run_analysis(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
-    from worker.analysis_jobs import record_analysis, run_analysis
-
-    analysis = run_analysis(job, settings)
-    write_with_retry(
-        db,
-        lease,
-        lambda session: record_analysis(session, lease, job, analysis),
-        settings.db_retry_s,
-    )
 
 
 def _local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:

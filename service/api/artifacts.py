@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Response
 
+from service import jobs
 from service.api.deps import ContextDep, TenantDep
+from service.evaluations import score_dict, scores_of_artifact
 from service.lineage import artifact_dict, delete_artifact, get_artifact, graph
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
@@ -14,7 +16,11 @@ router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
 @router.get("/{artifact_id}")
 def read_artifact(artifact_id: str, context: ContextDep, tenant: TenantDep) -> dict[str, Any]:
-    return artifact_dict(get_artifact(context.db, tenant=tenant, artifact_id=artifact_id))
+    """The artifact, with the newest evaluation score of each task, filter and metric (as its
+    node in lineage graphs shows it)."""
+    artifact = get_artifact(context.db, tenant=tenant, artifact_id=artifact_id)
+    scores = scores_of_artifact(context.db, tenant, artifact_id)
+    return {**artifact_dict(artifact), "scores": [score_dict(s) for s in scores]}
 
 
 @router.get("/{artifact_id}/lineage")
@@ -26,6 +32,24 @@ def read_lineage(
 ) -> dict[str, Any]:
     """Every artifact and job reachable from this one, several generations deep."""
     return graph(context.db, tenant=tenant, artifact_id=artifact_id, direction=direction)
+
+
+@router.get("/{artifact_id}/evaluations")
+def artifact_evaluations(
+    artifact_id: str, context: ContextDep, tenant: TenantDep
+) -> dict[str, Any]:
+    """Every score measured on the artifact (the newest of each task, filter, metric and
+    settings) and the evaluation jobs that asked about it, newest first."""
+    get_artifact(context.db, tenant=tenant, artifact_id=artifact_id)
+    found, _ = jobs.list_jobs(
+        context.db, tenant=tenant, kind="evaluation", status=None,
+        artifact=("input", artifact_id), cursor=None, limit=200,
+    )  # fmt: skip
+    return {
+        "artifact_id": artifact_id,
+        "scores": [score_dict(s) for s in scores_of_artifact(context.db, tenant, artifact_id)],
+        "evaluations": [{"id": j.id, "status": j.status} for j in found],
+    }
 
 
 @router.delete("/{artifact_id}", status_code=204, response_class=Response)

@@ -16,6 +16,7 @@ from service.api.errors import error_response
 from service.api.streams import SlotStreamingResponse
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
+from service.evaluations import check_spec, comparison
 from service.lineage import get_artifact
 from service.preflight import check_headers
 from service.schemas import (
@@ -23,12 +24,13 @@ from service.schemas import (
     FileRead,
     JobPage,
     JobRead,
+    MergeRequest,
     OutputRead,
     PublishedRead,
     job_read,
 )
 from service.sources import resolve_source
-from worker.engine.recipe import Recipe, named_sources, recipe_to_dict
+from worker.engine.recipe import Recipe, named_sources, parse_recipe, recipe_to_dict
 from worker.hub.credentials import token_for
 from worker.hub.errors import HubError
 from worker.hub.pin import PinnedRepo, pin
@@ -55,7 +57,21 @@ def read_job(context: Context, job: Job) -> JobRead:
             files=files,
             published=[PublishedRead(**p) for p in artifact.published or []],
         )
-    return job_read(job, output)
+    view = job_read(job, output)
+    evaluation_id = (job.result or {}).get("evaluation_job_id")
+    if evaluation_id:
+        evaluation = jobs.get(context.db, tenant=job.tenant_id, job_id=evaluation_id)
+        view.result = {
+            **(job.result or {}),
+            "evaluation": {
+                "job_id": evaluation.id,
+                "status": evaluation.status,
+                "comparison": comparison(context.db, context.settings, job)
+                if evaluation.status == jobs.SUCCEEDED
+                else [],
+            },
+        }
+    return view
 
 
 def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[str, str]]:
@@ -101,8 +117,8 @@ EXAMPLE_REQUEST = {
 
 @router.post("", status_code=202, response_model=JobRead)
 def submit_merge(
-    recipe: Annotated[
-        Recipe,
+    body: Annotated[
+        MergeRequest,
         Body(openapi_examples={"layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST}}),
     ],
     response: Response,
@@ -110,10 +126,16 @@ def submit_merge(
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobRead:
-    """Queue a merge. The body is the recipe schema of `layerswap merge`."""
+    """Queue a merge. The body is the recipe schema of `layerswap merge`, plus an optional
+    `evaluation` run on the merged model once it exists."""
+    recipe = parse_recipe(body.model_dump(mode="json", by_alias=True, exclude={"evaluation"}))
+    if body.evaluation is not None:
+        check_spec(body.evaluation, context.settings)
     sources = check_sources(recipe, context, tenant)
     check_headers(recipe, context.settings, tenant)
     request = recipe_to_dict(recipe)
+    if body.evaluation is not None:
+        request["evaluation"] = body.evaluation.model_dump()
     new = jobs.NewJob(
         tenant,
         "merge",

@@ -132,3 +132,31 @@ class LineageEdge(Base):
     role: Mapped[str] = mapped_column(String(32))  # task, language, base, model, output
     label: Mapped[str] = mapped_column(String(64))
     weight: Mapped[float | None] = mapped_column(Float)
+
+
+class EvaluationScore(Base):
+    """One number of an evaluation: task × filter × metric, with what it depends on. `reuse_key`
+    covers everything that can change it before the run (model content, task, settings, lm-eval
+    version, backend, task files), so an equal key answers a later request without running."""
+
+    __tablename__ = "evaluation_scores"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    artifact_id: Mapped[str] = mapped_column(ForeignKey("artifacts.id"), index=True)
+    reuse_key: Mapped[str] = mapped_column(String(64), index=True)
+    task: Mapped[str] = mapped_column(String(100))
+    filter: Mapped[str] = mapped_column(String(100))
+    metric: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)
+    num_fewshot: Mapped[int | None] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    task_version: Mapped[str] = mapped_column(String(32))
+    config_hash: Mapped[str] = mapped_column(String(64))
+    lm_eval_version: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(16))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    duration_s: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -151,14 +151,14 @@ class Cluster:
         worker.wait_ready()
         return worker
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return dict(self.service.client.get(f"/v1/merges/{job_id}").json())
+    def job(self, job_id: str, kind: str = "merges") -> dict[str, Any]:
+        return dict(self.service.client.get(f"/v1/{kind}/{job_id}").json())
 
     def wait_until(
-        self, job_id: str, condition: Callable[[dict[str, Any]], bool]
+        self, job_id: str, condition: Callable[[dict[str, Any]], bool], kind: str = "merges"
     ) -> dict[str, Any]:
         def met() -> dict[str, Any] | None:
-            job = self.job(job_id)
+            job = self.job(job_id, kind)
             return job if condition(job) else None
 
         return dict(wait_for(met, f"job {job_id}"))
@@ -187,6 +187,9 @@ def worker_env(settings: Any, broker_url: str) -> dict[str, str]:
         LAYERSWAP_HUB_CREDENTIALS=json.dumps({"default": {"team-a": HUB_TOKEN}}),
         **{f"LAYERSWAP_{k.upper()}": str(v) for k, v in TIMINGS.items()},
     )
+    for name in ("eval_data_dir", "eval_tasks_dir"):
+        if getattr(settings, name) is not None:
+            env[f"LAYERSWAP_{name.upper()}"] = str(getattr(settings, name))
     return env
 
 
@@ -207,7 +210,15 @@ def big_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluster]:
+def cluster_settings() -> dict[str, Any]:
+    """Settings a test module adds to the API's and the workers' (by overriding this)."""
+    return {}
+
+
+@pytest.fixture
+def cluster(
+    tmp_path: Path, examples: Path, big_family: Path, cluster_settings: dict[str, Any]
+) -> Iterator[Cluster]:
     """API (celery executor) + private Redis + a fresh PostgreSQL database; no worker yet."""
     server = RedisServer(tmp_path / "redis")
     server.start()
@@ -223,7 +234,8 @@ def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluste
                 connection.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = off'))
             admin.dispose()
             data = tmp_path / "data"
-            roots = [data / "checkpoints", data / "artifacts", big_family]
+            extra = cluster_settings.pop("extra_roots", [])
+            roots = [data / "checkpoints", data / "artifacts", big_family, *extra]
             with running_service(
                 tmp_path,
                 url,
@@ -233,6 +245,7 @@ def cluster(tmp_path: Path, examples: Path, big_family: Path) -> Iterator[Cluste
                 allowed_roots=roots,
                 hub_credentials={"default": {"team-a": HUB_TOKEN}},
                 **TIMINGS,
+                **cluster_settings,
             ) as service:
                 running = Cluster(service, server, worker_env(service.settings, server.url), logs)
                 try:

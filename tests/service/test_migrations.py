@@ -1,5 +1,5 @@
-"""Migrations with data in place: rows written at 0001 survive 0002 and 0003, step by step, and
-read correctly through the models at head, on real SQLite and PostgreSQL."""
+"""Migrations with data in place: rows written at 0001 survive 0002, 0003 and 0004, step by
+step, and read correctly through the models at head, on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -92,10 +92,13 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
     assert revision(database_url) == "0002"
     upgrade(database_url, "0003")
     assert revision(database_url) == "0003"
+    upgrade(database_url, "0004")
+    assert revision(database_url) == "0004"
     engine = create_engine(database_url)
     assert {c["name"] for c in inspect(engine).get_columns("artifacts")} >= {
         "published", "size_bytes", "deleted_at"
     }  # fmt: skip
+    assert "evaluation_scores" in inspect(engine).get_table_names()
     engine.dispose()
 
     db = Database(database_url)

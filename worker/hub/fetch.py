@@ -95,12 +95,7 @@ def fetch_inputs(
             view = root / str(len(fetched.directories))
             view.mkdir(parents=True)
             fetched.directories[source] = view
-            side = [n for n in pinned.files if n in SIDE_FILES]
-            for name in side:  # sizes are known from the listing: refuse before downloading
-                if (size := pinned.files[name].size) > MAX_SIDE_FILE_BYTES:
-                    raise CheckpointError.at(
-                        f"{source}/{name}", f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
-                    )
+            side = _side_files(pinned, source)
             meter.total += sum(pinned.files[n].size for n in side)
             for name in side:
                 _link(view / name, _download(pinned, name, cache_dir, token, meter))
@@ -126,6 +121,58 @@ def fetch_inputs(
         fetched.close()
         raise
     return fetched
+
+
+def fetch_model(
+    source: str,
+    *,
+    cache_dir: Path,
+    token: str | None,
+    on_progress: ProgressSink | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> FetchedInputs:
+    """A whole Hub model (configs, tokenizer, every safetensors shard), pinned to a commit sha,
+    as a local directory for a reader other than the engine (an evaluation loads it all). The
+    caller closes the result."""
+    _prune_views(cache_dir / "views")
+    root = cache_dir / "views" / uuid.uuid4().hex
+    fetched = FetchedInputs(root=root)
+    meter = _Meter(on_progress, should_cancel)
+    try:
+        ref = parse_hub_source(source)
+        if not ref.pinned:
+            raise HubError(f"{source}: not pinned to a commit sha")
+        fetched.pins[source] = pinned = _retrying(partial(pin, ref, token))
+        view = root / "0"
+        view.mkdir(parents=True)
+        fetched.directories[source] = view
+        side = _side_files(pinned, source)
+        meter.total = sum(pinned.files[n].size for n in [*side, *pinned.weight_files])
+        for name in side:
+            _link(view / name, _download(pinned, name, cache_dir, token, meter))
+        _check_index(pinned, view)
+        for name in pinned.weight_files:
+            _link(view / name, _download(pinned, name, cache_dir, token, meter))
+            fetched.downloaded.append(f"{pinned.repo}/{name}")
+            if sha := pinned.files[name].sha256:
+                fetched.digests[view / name] = sha
+        meter.report()
+    except BaseException:
+        fetched.close()
+        raise
+    return fetched
+
+
+def _side_files(pinned: PinnedRepo, source: str) -> list[str]:
+    """The configs, index and tokenizer files; their sizes are known from the listing, so an
+    oversized one is refused before it is downloaded."""
+    side = [n for n in pinned.files if n in SIDE_FILES]
+    for name in side:
+        if (size := pinned.files[name].size) > MAX_SIDE_FILE_BYTES:
+            raise CheckpointError.at(
+                f"{source}/{name}", f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
+            )
+    return side
 
 
 def _prune_views(views: Path, older_than_s: float = 24 * 3600) -> None:

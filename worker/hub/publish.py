@@ -119,3 +119,42 @@ def _commit_url(repo: str, commit: str) -> str:
     from huggingface_hub import constants
 
     return f"{constants.ENDPOINT}/{repo}/commit/{commit}"
+
+
+def publish_card(
+    out_dir: Path, repo: str, branch: str, names: list[str], *, token: str | None, message: str
+) -> str | None:
+    """Commit `names` (files of `out_dir`, e.g. an updated README.md) to `repo`@`branch`, unless
+    the branch already holds them byte for byte: a retried job adds no second commit. The new
+    commit id, or None when there was nothing to commit."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = HfApi(token=token or False)
+    where = f"hf://{repo}@{branch}"
+    pause = 1.0
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            with hub_errors(where):
+                head = api.model_info(repo, revision=branch, files_metadata=True)
+                remote = {s.rfilename: s.blob_id for s in head.siblings or []}
+                changed = [n for n in names if remote.get(n) != _git_blob_id(out_dir / n)]
+                if not changed:
+                    return None
+                info = api.create_commit(
+                    repo_id=repo,
+                    revision=branch,
+                    operations=[
+                        CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(out_dir / n))
+                        for n in changed
+                    ],
+                    commit_message=message,
+                    parent_commit=head.sha,
+                )
+            return str(getattr(info, "oid", "") or "") or None
+        except (HubUnavailable, HubRateLimited) as e:
+            if attempt == ATTEMPTS:
+                raise
+            log.warning("%s: %s; retrying in %.0f s", where, e.message, pause)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")

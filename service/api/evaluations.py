@@ -1,0 +1,119 @@
+"""/v1/evaluations: evaluate a model (an artifact, a local source or a Hub model) with lm-eval;
+read the scores and the per-sample records; cancel. Scores of an artifact:
+/v1/artifacts/{id}/evaluations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import FileResponse
+
+from service import jobs
+from service.api.deps import ContextDep, TenantDep
+from service.errors import Conflict, NotFound
+from service.evaluations import (
+    EvaluationCreate,
+    check_spec,
+    evaluation_request,
+    link_target,
+    samples_file,
+    scores_of_job,
+    target_of,
+)
+from service.schemas import JobPage, JobRead, job_read
+
+router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
+
+
+def read_evaluation(context: Any, job: Any) -> JobRead:
+    view = job_read(job)
+    if job.status == jobs.SUCCEEDED:
+        view.result = {**(job.result or {}), "scores": scores_of_job(context.db, job)}
+    return view
+
+
+@router.post("", status_code=202, response_model=JobRead)
+def submit_evaluation(
+    body: EvaluationCreate,
+    response: Response,
+    context: ContextDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> JobRead:
+    """Queue an evaluation; tasks, backend and target are checked now (422/501)."""
+    check_spec(body.evaluation, context.settings)
+    target = target_of(body, context.db, context.settings, tenant)
+    new = jobs.NewJob(
+        tenant,
+        "evaluation",
+        evaluation_request(target.target, body.evaluation),
+        None,
+        idempotency_key,
+        asked=body.model_dump(mode="json", exclude_none=True) if target.sources else None,
+        sources=target.sources,
+    )
+    job, created = jobs.submit(context.db, context.settings, new)
+    if created:
+        link_target(context.db, job)
+        context.executor.dispatch(job.id, job.kind)
+    response.headers["Location"] = f"/v1/evaluations/{job.id}"
+    return read_evaluation(context, job)
+
+
+@router.get("", response_model=JobPage)
+def list_evaluations(
+    context: ContextDep,
+    tenant: TenantDep,
+    status: Annotated[Literal[jobs.STATUSES] | None, Query()] = None,  # type: ignore[valid-type]
+    artifact_id: str | None = None,
+    cursor: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobPage:
+    """Newest first; filter by status or by the artifact evaluated."""
+    found, next_cursor = jobs.list_jobs(
+        context.db,
+        tenant=tenant,
+        kind="evaluation",
+        status=status,
+        artifact=("input", artifact_id) if artifact_id else None,
+        cursor=cursor,
+        limit=limit,
+    )
+    return JobPage(items=[read_evaluation(context, j) for j in found], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def get_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+    job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
+    return read_evaluation(context, job)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
+def cancel_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+    """Cooperative: a running evaluation stops between batches of requests."""
+    jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
+    job = jobs.request_cancel(context.db, tenant=tenant, job_id=job_id)
+    return read_evaluation(context, job)
+
+
+@router.get(
+    "/{job_id}/samples",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}}},
+)
+def evaluation_samples(job_id: str, context: ContextDep, tenant: TenantDep) -> FileResponse:
+    """Per document: prompt, response, extracted answer, target, metrics, correct (JSON lines)."""
+    job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
+    if job.status != jobs.SUCCEEDED:
+        raise Conflict(f"evaluation {job_id} is {job.status}, not succeeded")
+    path = samples_file(context.settings, job)
+    if not path.is_file():
+        reused = (job.result or {}).get("reused") or []
+        raise NotFound(
+            f"evaluation {job_id} ran nothing itself: its scores were reused from "
+            + ", ".join(sorted({r["job_id"] for r in reused}))
+            + " (their samples hold the records)",
+            details={"reused": reused},
+        )
+    return FileResponse(path, media_type="application/x-ndjson", filename=f"{job_id}-samples.jsonl")

@@ -1,0 +1,321 @@
+"""Evaluation as a job: resolve the model, answer what an equal earlier run already measured,
+run lm-eval on the rest (stage `evaluating`, progress in requests), store the scores and the
+per-sample records, and put the results in the model's card."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Artifact, EvaluationScore, Job, LineageEdge, utcnow
+from service.db.session import Database
+from service.errors import NotFound
+from service.lineage import content_digest, get_or_create_artifact
+from service.settings import Settings
+from service.sources import resolve_source
+from worker.engine.progress import Progress
+from worker.evaluation.results import Score, write_samples
+from worker.evaluation.spec import EvaluationSpec
+from worker.evaluation.tasks import SHIPPED_TASKS
+from worker.hub.refs import is_hub_source
+from worker.lease import JobLease, settle, write_with_retry
+
+log = logging.getLogger("layerswap.evaluation")
+
+# What decides a model's behaviour: the same bytes here, the same scores.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+)
+
+
+def model_digest(files: dict[str, str]) -> str:
+    return content_digest(
+        {n: sha for n, sha in files.items() if n.endswith(".safetensors") or n in MODEL_FILES}
+    )
+
+
+def samples_path(settings: Settings, job: Job) -> Path:
+    return settings.evaluations_dir / job.tenant_id / job.id / "samples.jsonl"
+
+
+def reuse_key(model: str, task: str, spec: EvaluationSpec, lm_eval: str, tasks: str) -> str:
+    key = {
+        "model": model,
+        "task": task,
+        "settings": spec.settings_key(),
+        "lm_eval": lm_eval,
+        "task_files": tasks,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def task_files_digest(tasks_dir: Path | None) -> str:
+    """Our task YAMLs and loaders: editing one invalidates the results it gave."""
+    digest = hashlib.sha256()
+    for root in (SHIPPED_TASKS, tasks_dir):
+        if root is None or not root.is_dir():
+            continue
+        for path in sorted(
+            p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        ):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Target:
+    artifact_id: str
+    location: Path
+    digest: str  # model_digest
+
+
+def run_evaluation(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
+
+    spec = EvaluationSpec.model_validate(job.request["evaluation"])
+    with ExitStack() as stack:
+        target = _target(job, db, settings, lease, stack)
+        _evaluate_target(job, db, settings, lease, spec, target)
+
+
+def _evaluate_target(
+    job: Job, db: Database, settings: Settings, lease: JobLease, spec: EvaluationSpec,
+    target: Target,
+) -> None:  # fmt: skip
+    from worker.evaluation.runner import evaluate
+    from worker.evaluation.tasks import lm_eval_version
+
+    version = lm_eval_version()
+    task_files = task_files_digest(settings.eval_tasks_dir)
+    keys = {t: reuse_key(target.digest, t, spec, version, task_files) for t in spec.tasks}
+    reused = _stored_scores(db, job.tenant_id, keys)
+    to_run = [t for t in spec.tasks if t not in reused]
+    scores: list[Score] = []
+    seconds = 0.0
+    requests_run: dict[str, int] = {}
+    if to_run:
+        lease.set_stage("evaluating")
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            elapsed = time.monotonic() - started
+            lease.progress(Progress("evaluating", done, total, 0, 0, elapsed))
+
+        outcome = evaluate(
+            target.location,
+            spec.model_copy(update={"tasks": to_run}),
+            tasks_dir=settings.eval_tasks_dir,
+            data_dir=settings.evaluation_data_dir,
+            cache_prefix=settings.evaluations_dir / job.tenant_id / job.id / "cache" / "requests",
+            device=settings.merge_device,
+            on_progress=progress,
+            should_cancel=lease.should_cancel,
+            timeout_s=settings.eval_timeout_s,
+        )
+        scores, seconds, requests_run = outcome.scores, outcome.seconds, outcome.requests_run
+        write_samples(outcome.samples, samples_path(settings, job))
+
+    card = _update_model_card(db, settings, job, target, scores, version)
+
+    def record(session: Session) -> None:
+        row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
+        for score in scores:
+            session.add(
+                EvaluationScore(
+                    job_id=job.id,
+                    tenant_id=job.tenant_id,
+                    artifact_id=target.artifact_id,
+                    reuse_key=keys[score.task],
+                    lm_eval_version=version,
+                    backend=spec.backend,
+                    settings=spec.settings_key(),
+                    duration_s=seconds,
+                    **score.to_dict(),
+                )
+            )
+        _link_evaluated(session, job, target.artifact_id)
+        row.result = {
+            "artifact_id": target.artifact_id,
+            "lm_eval_version": version,
+            "backend": spec.backend,
+            "seconds": round(seconds, 3),
+            "ran": to_run,
+            "reused": [{"task": t, "job_id": reused[t]} for t in spec.tasks if t in reused],
+            "samples": bool(to_run),
+            # Requests this job's model answered; fewer than the tasks hold when an earlier
+            # attempt's request cache answered the rest.
+            "requests_run": requests_run,
+            "card": card,
+        }
+        jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=target.artifact_id)
+
+    write_with_retry(db, lease, record, settings.db_retry_s)
+
+
+def _target(
+    job: Job, db: Database, settings: Settings, lease: JobLease, stack: ExitStack
+) -> Target:
+    """The artifact evaluated: named by id, a local source (hashed now, recorded as an input
+    artifact) or a Hub model (downloaded whole into the Hub cache; `stack` removes the job's
+    view of it when the evaluation is over)."""
+    from worker.engine.digests import file_sha256
+
+    wanted = job.request["target"]
+    if is_hub_source(wanted.get("source", "")):
+        return _hub_target(job, db, settings, lease, stack)
+    if "artifact_id" in wanted:
+        with db.session() as session:
+            artifact = session.get(Artifact, wanted["artifact_id"])
+            if artifact is None or artifact.tenant_id != job.tenant_id:
+                raise NotFound(f"artifact {wanted['artifact_id']} not found")
+            if artifact.deleted_at is not None:
+                raise NotFound(f"artifact {artifact.id} was deleted: nothing to evaluate")
+            return Target(artifact.id, Path(artifact.location), model_digest(artifact.files))
+    location = resolve_source(wanted["source"], settings, job.tenant_id, field="source")
+    lease.set_stage("hashing")
+    files = {
+        p.name: file_sha256(p, settings.cache_dir / "sha256", lease.should_cancel)
+        for p in sorted(location.iterdir())
+        if p.is_file() and (p.name.endswith(".safetensors") or p.name in MODEL_FILES)
+    }
+    artifact_id = _artifact_for(db, job.tenant_id, str(location), files, location)
+    return Target(artifact_id, location, model_digest(files))
+
+
+def _artifact_for(
+    db: Database, tenant: str, location: str, files: dict[str, str], directory: Path
+) -> str:
+    """The artifact recorded for this model at `location`, or a new one."""
+    with db.session() as session:
+        # A merge records an input by its weights and config only: the same model, if every
+        # file it recorded has the bytes this one has.
+        for known in session.scalars(
+            select(Artifact)
+            .where(Artifact.tenant_id == tenant, Artifact.location == location)
+            .where(Artifact.deleted_at.is_(None), Artifact.kind == "checkpoint")
+            .order_by(Artifact.created_at.desc())
+        ):
+            if known.files and all(files.get(n) == sha for n, sha in known.files.items()):
+                return known.id
+        config = _read_json(directory / "config.json")
+        artifact = get_or_create_artifact(
+            session,
+            tenant=tenant,
+            location=location,
+            files=files,
+            architecture=config.get("model_type"),
+            num_layers=config.get("num_hidden_layers"),
+        )
+        return artifact.id
+
+
+def _hub_target(
+    job: Job, db: Database, settings: Settings, lease: JobLease, stack: ExitStack
+) -> Target:
+    from worker.engine.digests import file_sha256
+    from worker.hub.credentials import token_for
+    from worker.hub.fetch import fetch_model
+
+    source = job.request["target"]["source"]  # pinned to a commit sha at submit
+    lease.set_stage("downloading")
+    started = time.monotonic()
+
+    def downloaded(done: int, total: int) -> None:
+        lease.progress(Progress("downloading", done, total, 0, 0, time.monotonic() - started))
+
+    token = token_for(
+        job.request["target"].get("credential"),
+        tenant=job.tenant_id,
+        credentials=settings.hub_credentials,
+    )
+    fetched = fetch_model(
+        source,
+        cache_dir=settings.cache_dir / "hub",
+        token=token,
+        on_progress=downloaded,
+        should_cancel=lease.should_cancel,
+    )
+    stack.callback(fetched.close)
+    view = fetched.directories[source]
+    # LFS files: the Hub's sha256; small files hashed here (as merges record Hub inputs).
+    files = {
+        p.name: fetched.digests.get(p) or file_sha256(p.resolve(), settings.cache_dir / "sha256")
+        for p in sorted(view.iterdir())
+        if p.name.endswith(".safetensors") or p.name in MODEL_FILES
+    }
+    return Target(_artifact_for(db, job.tenant_id, source, files, view), view, model_digest(files))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _stored_scores(db: Database, tenant: str, keys: dict[str, str]) -> dict[str, str]:
+    """Task -> id of the job whose stored scores answer it."""
+    found: dict[str, str] = {}
+    with db.session() as session:
+        for task, key in keys.items():
+            job_id = session.scalar(
+                select(EvaluationScore.job_id)
+                .where(EvaluationScore.tenant_id == tenant, EvaluationScore.reuse_key == key)
+                .order_by(EvaluationScore.created_at)
+                .limit(1)
+            )
+            if job_id is not None:
+                found[task] = job_id
+    return found
+
+
+def _link_evaluated(session: Session, job: Job, artifact_id: str) -> None:
+    exists = session.scalar(
+        select(LineageEdge.id).where(
+            LineageEdge.job_id == job.id, LineageEdge.artifact_id == artifact_id
+        )
+    )
+    if exists is None:
+        session.add(
+            LineageEdge(
+                job_id=job.id,
+                artifact_id=artifact_id,
+                direction="input",
+                role="evaluated",
+                label="model",
+            )
+        )
+
+
+def _update_model_card(
+    db: Database, settings: Settings, job: Job, target: Target, scores: list[Score], version: str
+) -> dict[str, Any]:
+    """Before the job is recorded: the card of an output of ours gets a model-index with every
+    score known for the model, and so does its Hub copy (one commit; a retry finds the branch
+    already holding that card and commits nothing). A failure here is reported in the result,
+    not the job's: the scores are what matter, the card is a view of them."""
+    from worker.evaluation.card import push_card, write_model_index
+
+    pending = [{**s.to_dict(), "lm_eval_version": version} for s in scores]
+    try:
+        written = write_model_index(db, settings, target.artifact_id, target.location, pending)
+        commits = push_card(db, settings, target.artifact_id, target.location)
+    except Exception as e:
+        log.warning("job %s: model card not updated (%s)", job.id, e)
+        return {"updated": False, "error": str(e)}
+    return {"updated": written, "hub_commits": commits}
