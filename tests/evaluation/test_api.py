@@ -5,6 +5,7 @@ model, cancel, and refusals at submit. Scores are checked against the reference 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,6 +198,26 @@ def test_bad_evaluations_are_refused_at_submit_with_nothing_queued(
         assert field in json.dumps(error), error
     assert service.client.get("/v1/evaluations").json()["items"] == []
     assert service.client.get("/v1/merges").json()["items"] == []
+
+
+def test_without_lm_eval_evaluations_are_501_and_merges_still_run(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment without the `eval` extra: a None entry in sys.modules is how Python marks
+    a module that cannot be imported."""
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    for path, body in (
+        ("/v1/evaluations", {"source": "math", "evaluation": EVALUATION}),
+        ("/v1/merges", {**layer_swap(), "evaluation": EVALUATION}),
+    ):
+        response = service.client.post(path, json=body)
+        assert response.status_code == 501, response.text
+        error = response.json()["error"]
+        assert error["code"] == "evaluation_unavailable"
+        assert "pip install 'layerswap[eval]'" in error["message"]
+    merge = service.wait(service.submit(layer_swap())["id"])
+    assert merge["status"] == "succeeded", merge["error"]
+    assert service.client.get("/v1/evaluations").json()["items"] == []
 
 
 def test_bad_targets_are_refused(service: Service) -> None:
