@@ -179,7 +179,7 @@ def test_an_equal_evaluation_is_answered_from_stored_scores(
             "unknown_task",
             422,
         ),
-        ({**EVALUATION, "backend": "vllm"}, "evaluation.backend", "evaluation_unavailable", 501),
+        ({**EVALUATION, "backend": "vllm"}, "evaluation.backend", "backend_not_offered", 422),
         ({**EVALUATION, "num_fewshot": -1}, "evaluation.num_fewshot", "invalid_request", 422),
         ({**EVALUATION, "tasks": []}, "evaluation.tasks", "invalid_request", 422),
     ],

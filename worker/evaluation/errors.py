@@ -12,6 +12,14 @@ class EvaluationUnavailable(ServiceError):
     status = 501
 
 
+class BackendNotOffered(ServiceError):
+    """The request asks for a backend no worker of this deployment offers
+    (LAYERSWAP_EVAL_BACKENDS): a request error, refused before anything is queued."""
+
+    code = "backend_not_offered"
+    status = 422
+
+
 class UnknownTask(ServiceError):
     code = "unknown_task"
     status = 422

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from worker.engine.errors import MergeCanceled
-from worker.evaluation.errors import EvaluationFailed, EvaluationTimeout, EvaluationUnavailable
+from worker.evaluation.errors import (
+    BackendNotOffered,
+    EvaluationFailed,
+    EvaluationTimeout,
+    EvaluationUnavailable,
+)
 from worker.evaluation.results import Score, sample_records, scores_of
 from worker.evaluation.spec import EvaluationSpec
 from worker.evaluation.tasks import lm_eval_version, require_lm_eval, task_manager
@@ -35,7 +40,7 @@ class Outcome:
 
 def check_backend(backend: str, offered: list[str]) -> None:
     if backend not in offered:
-        raise EvaluationUnavailable(
+        raise BackendNotOffered(
             f"evaluation.backend: {backend!r} is not offered by this deployment's workers "
             f"(offered: {', '.join(offered)})",
             details={"field": "evaluation.backend"},
