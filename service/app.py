@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import analyses, artifacts, errors, evaluations, merges, meta
+from service.api import analyses, artifacts, errors, evaluations, merges, meta, sweeps
 from service.api.deps import Context
 from service.api.middleware import RequestGuard
 from service.db.session import Database
@@ -53,6 +53,6 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     # Outside routing: Host, Origin, media type and body size are checked before a body is
     # parsed or a key looked up.
     app.add_middleware(RequestGuard, settings=settings)
-    for module in (merges, artifacts, analyses, evaluations, meta):
+    for module in (merges, artifacts, analyses, evaluations, sweeps, meta):
         app.include_router(module.router)
     return app

@@ -163,6 +163,8 @@ def follow_up_evaluation(
     request = evaluation_request(
         {"artifact_id": artifact_id}, EvaluationSpec.model_validate(asked), merge.id
     )
+    if "sweep" in merge.request:  # a sweep's trial: its evaluation belongs to the sweep too
+        request["sweep"] = merge.request["sweep"]
     job_id = jobs.new_id()
     job = Job(
         id=job_id,
@@ -173,6 +175,7 @@ def follow_up_evaluation(
         request_hash=jobs.request_digest({"kind": "evaluation", **request}),
         output_name=f"evaluation-{job_id[:12]}",
         max_attempts=settings.max_attempts,
+        sweep_id=merge.sweep_id,
     )
     session.add(job)
     session.flush()

@@ -1,7 +1,8 @@
 """Job kinds, each in one place: its URL collection, Celery queue, progress unit and runner.
 
 The pipeline, the executors and the API look a kind up here instead of branching on its name;
-a new kind (sweeps next) is one more entry. Runners are named as "module:function" and imported
+a new kind is one more entry. (A sweep is not a job: it is made of merge and evaluation jobs,
+service/sweeps/.) Runners are named as "module:function" and imported
 only by the process that runs jobs, so the API never imports torch or lm-eval through this.
 """
 
@@ -27,11 +28,16 @@ class JobKind:
         return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
+# What a merge job's request holds beside its recipe.
+MERGE_EXTRAS = ("evaluation", "sweep")
+
+
 def merge_recipe(request: dict[str, Any]) -> Any:
-    """A merge job's recipe (its request, less the evaluation to run afterwards)."""
+    """A merge job's recipe (its request, less the evaluation to run afterwards and the sweep
+    trial it belongs to)."""
     from worker.engine.recipe import parse_recipe
 
-    return parse_recipe({k: v for k, v in request.items() if k != "evaluation"})
+    return parse_recipe({k: v for k, v in request.items() if k not in MERGE_EXTRAS})
 
 
 def _merge_sources(request: dict[str, Any]) -> list[str]:

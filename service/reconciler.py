@@ -4,7 +4,8 @@ A loop in every API process that, each `reconcile_interval_s`:
 - re-queues running jobs whose heartbeat is older than `stale_after_s` (their worker died or
   lost the database), or fails them once `max_attempts` are used up;
 - re-dispatches queued jobs the executor no longer holds (a message lost with a Redis restart,
-  a submit while Redis was down, a process that died between commit and publish).
+  a submit while Redis was down, a process that died between commit and publish);
+- advances sweeps (service/sweeps/advance.py): cancels, clean-ups, further asks, their end.
 Both steps are compare-and-set or idempotent, so any number of API processes may run it.
 """
 
@@ -24,6 +25,7 @@ from service.db.models import Job, as_utc, utcnow
 from service.db.session import Database
 from service.jobs import Executor
 from service.settings import Settings
+from service.sweeps.advance import advance_all
 from worker.outputs import remove_orphan
 
 log = logging.getLogger("layerswap.reconciler")
@@ -34,6 +36,7 @@ class Reconciled:
     requeued: list[str] = field(default_factory=list)
     redispatched: list[str] = field(default_factory=list)
     executor_unreachable: bool = False
+    sweeps_ended: list[str] = field(default_factory=list)
 
 
 class Reconciler:
@@ -62,6 +65,7 @@ class Reconciler:
             log.warning("job %s: heartbeat stale; re-queued", job_id)
             self.executor.dispatch(job_id, kind)
             done.requeued.append(job_id)
+        done.sweeps_ended = advance_all(self.db, self.settings, self.executor)
         # Jobs younger than one round may have a message in flight (being published, or just
         # popped by a worker that has not claimed it yet); they are looked at next round.
         grace = timedelta(seconds=max(1.0, self.settings.reconcile_interval_s))

@@ -147,6 +147,7 @@ def _evaluate_target(
                     **score.to_dict(),
                 )
             )
+        _attach_reused(session, job.tenant_id, target.artifact_id, [keys[t] for t in reused])
         _link_evaluated(session, job, target.artifact_id)
         row.result = {
             "artifact_id": target.artifact_id,
@@ -282,6 +283,34 @@ def _stored_scores(db: Database, tenant: str, keys: dict[str, str]) -> dict[str,
             if job_id is not None:
                 found[task] = job_id
     return found
+
+
+def _attach_reused(session: Session, tenant: str, artifact_id: str, keys: list[str]) -> None:
+    """Scores answered from another artifact with the same content (an identical merge made
+    again, say) are recorded for this artifact too, still naming the job that measured them
+    (whose per-sample records they come from)."""
+    for key in keys:
+        have = session.scalar(
+            select(EvaluationScore.id).where(
+                EvaluationScore.artifact_id == artifact_id, EvaluationScore.reuse_key == key
+            )
+        )
+        if have is not None:
+            continue
+        first = session.scalar(
+            select(EvaluationScore.job_id)
+            .where(EvaluationScore.tenant_id == tenant, EvaluationScore.reuse_key == key)
+            .order_by(EvaluationScore.created_at)
+            .limit(1)
+        )
+        for score in session.scalars(
+            select(EvaluationScore).where(
+                EvaluationScore.reuse_key == key, EvaluationScore.job_id == first
+            )
+        ).all():
+            copied = {c.name: getattr(score, c.name) for c in EvaluationScore.__table__.columns}
+            copied.pop("id")
+            session.add(EvaluationScore(**{**copied, "artifact_id": artifact_id}))
 
 
 def _link_evaluated(session: Session, job: Job, artifact_id: str) -> None:

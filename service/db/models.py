@@ -87,6 +87,29 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The sweep that created this job (its trial is request["sweep"]); None for others.
+    sweep_id: Mapped[str | None] = mapped_column(String(32), index=True)
+
+
+class Sweep(Base):
+    """Expert pairs × configurations, expanded into merge and evaluation jobs (jobs.sweep_id);
+    its status follows theirs (service/sweeps/advance.py)."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # running | canceling | ...
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the spec, Hub sources pinned
+    request_hash: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    num_layers: Mapped[int] = mapped_column(Integer)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, index=True
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class JobEvent(Base):

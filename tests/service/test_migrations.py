@@ -1,5 +1,5 @@
-"""Migrations with data in place: rows written at 0001 survive 0002, 0003 and 0004, step by
-step, and read correctly through the models at head, on real SQLite and PostgreSQL."""
+"""Migrations with data in place: rows written at 0001 survive 0002 to 0005, step by step,
+and read correctly through the models at head, on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -94,11 +94,13 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
     assert revision(database_url) == "0003"
     upgrade(database_url, "0004")
     assert revision(database_url) == "0004"
+    upgrade(database_url, "0005")
+    assert revision(database_url) == "0005"
     engine = create_engine(database_url)
     assert {c["name"] for c in inspect(engine).get_columns("artifacts")} >= {
         "published", "size_bytes", "deleted_at"
     }  # fmt: skip
-    assert "evaluation_scores" in inspect(engine).get_table_names()
+    assert {"evaluation_scores", "sweeps"} <= set(inspect(engine).get_table_names())
     engine.dispose()
 
     db = Database(database_url)
@@ -113,6 +115,7 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
                 got = getattr(job, column)
                 assert (as_utc(got) if isinstance(got, datetime) else got) == value, column
             assert job.sources is None  # added by 0002
+            assert job.sweep_id is None  # added by 0005
             events = session.query(JobEvent).order_by(JobEvent.id).all()
             assert [(e.type, e.data) for e in events] == [
                 ("queued", {}),

@@ -1,0 +1,261 @@
+"""Moving sweeps along, from the reconciler loop of every API process (each step is idempotent
+or compare-and-set, so any number may run it):
+
+- a canceling sweep cancels its queued and running jobs, and ends canceled once none runs;
+- `keep: none` removes a merged model once its evaluation has ended;
+- an optuna search asks for more configurations while its budget of trials lasts, telling the
+  sampler every finished configuration's mean score over pairs (the study is rebuilt from the
+  database each time: nothing lives only in memory);
+- once every job has ended: `keep: best` removes all merged models but the best configuration's,
+  and the sweep ends succeeded (failed when no configuration got a score).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import suppress
+from typing import Any
+
+from sqlalchemy import select, update
+
+from service import jobs
+from service.db.models import Job, Sweep, utcnow
+from service.db.session import Database
+from service.errors import Conflict, ServiceError
+from service.jobs import Executor
+from service.lineage import delete_artifact
+from service.settings import Settings
+from service.sweeps.create import (
+    CANCELED,
+    CANCELING,
+    FAILED,
+    RUNNING,
+    SUCCEEDED,
+    add_trial_jobs,
+)
+from service.sweeps.expand import label, space, trials
+from service.sweeps.leaderboard import children, leaderboard, objective_score
+from service.sweeps.spec import SweepCreate
+from worker.engine.recipe import LayerSwapParams
+
+log = logging.getLogger("layerswap.sweeps")
+
+
+def advance_all(db: Database, settings: Settings, executor: Executor) -> list[str]:
+    """Advance every unfinished sweep; returns the ids that ended this round."""
+    with db.session() as session:
+        ids = list(session.scalars(select(Sweep.id).where(Sweep.status.in_((RUNNING, CANCELING)))))
+    ended = []
+    for sweep_id in ids:
+        try:
+            if advance(db, settings, executor, sweep_id):
+                ended.append(sweep_id)
+        except ServiceError as e:
+            log.warning("sweep %s: %s", sweep_id, e.message)
+    return ended
+
+
+def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str) -> bool:
+    with db.session() as session:
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None
+        session.expunge(sweep)
+    spec = SweepCreate.model_validate(sweep.request)
+    found = children(db, sweep_id)
+    if sweep.status == CANCELING:
+        for job in found:
+            if job.status in (jobs.QUEUED, jobs.RUNNING):
+                with suppress(Conflict):  # it ended meanwhile
+                    jobs.request_cancel(db, tenant=sweep.tenant_id, job_id=job.id)
+        found = children(db, sweep_id)
+        if all(job.status in jobs.TERMINAL for job in found):
+            return _finish(db, sweep, CANCELED, {"canceled": True})
+        return False
+    if spec.keep == "none":
+        _remove_evaluated(db, settings, sweep, found, keep=set())
+    if spec.search.strategy == "optuna" and _ask_more(db, settings, executor, sweep, spec, found):
+        return False
+    if any(job.status not in jobs.TERMINAL for job in found):
+        return False
+    board = leaderboard(db, settings, sweep)
+    if not board["rows"]:
+        return _finish(
+            db, sweep, FAILED, {"error": "no configuration was scored", **_counts(found)}
+        )
+    best = board["rows"][0]
+    if spec.keep == "best":
+        _remove_evaluated(db, settings, sweep, found, keep={best["config"]})
+    summary = {"best": {"config": best["config"], "mean": best["mean"]}, **_counts(found)}
+    return _finish(db, sweep, SUCCEEDED, summary)
+
+
+def _counts(found: list[Job]) -> dict[str, Any]:
+    counts: dict[str, dict[str, int]] = {}
+    for job in found:
+        by_status = counts.setdefault(job.kind, {})
+        by_status[job.status] = by_status.get(job.status, 0) + 1
+    return {"jobs": counts}
+
+
+def _finish(db: Database, sweep: Sweep, status: str, result: dict[str, Any]) -> bool:
+    with db.session() as session:
+        moved: Any = session.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep.id, Sweep.status == sweep.status)
+            .values(status=status, result=result, finished_at=utcnow())
+        )
+    if int(moved.rowcount) == 1:
+        log.info("sweep %s %s", sweep.id, status)
+    return int(moved.rowcount) == 1
+
+
+def _remove_evaluated(
+    db: Database, settings: Settings, sweep: Sweep, found: list[Job], *, keep: set[str]
+) -> None:
+    """Delete the outputs of merges whose evaluation has ended, except configurations kept.
+    The artifacts stay in lineage (deleted_at set), their scores with them."""
+    ended = {
+        job.request.get("merge_job_id")
+        for job in found
+        if job.kind == "evaluation" and job.status in jobs.TERMINAL
+    }
+    for job in found:
+        if job.kind != "merge" or job.status != jobs.SUCCEEDED or job.output_artifact_id is None:
+            continue
+        if job.id not in ended or job.request["sweep"]["config"] in keep:
+            continue
+        with suppress(Conflict):  # read by a running job: next round
+            delete_artifact(
+                db, settings, tenant=sweep.tenant_id, artifact_id=job.output_artifact_id
+            )
+
+
+def _ask_more(
+    db: Database,
+    settings: Settings,
+    executor: Executor,
+    sweep: Sweep,
+    spec: SweepCreate,
+    found: list[Job],
+) -> bool:
+    """Ask for configurations while fewer than `parallel` are in flight and trials remain;
+    True while the search is not over."""
+    assert spec.search.trials is not None
+    candidates = space(spec, sweep.num_layers)
+    budget = min(spec.search.trials, len(candidates))
+    asked: dict[str, dict[str, Any]] = {}
+    for job in found:
+        trial = job.request.get("sweep") or {}
+        if trial.get("params") is not None:
+            asked[trial["config"]] = trial["params"]
+    in_flight = {
+        (job.request.get("sweep") or {}).get("config")
+        for job in found
+        if job.status not in jobs.TERMINAL
+    }
+    room = min(spec.search.parallel - len(in_flight & set(asked)), budget - len(asked))
+    if room <= 0:
+        return len(asked) < budget or bool(in_flight)
+    values = _finished_values(db, spec, found, asked, in_flight)
+    new = suggest(spec, candidates, asked, values, room)
+    if not new:
+        return bool(in_flight)
+    with db.session() as session:
+        row = session.get(Sweep, sweep.id)
+        if row is None or row.status != RUNNING:
+            return False
+        made = add_trial_jobs(session, settings, row, spec, trials(spec, new, baselines=False))
+    for job_id, kind in made:
+        executor.dispatch(job_id, kind)
+    return True
+
+
+def _finished_values(
+    db: Database,
+    spec: SweepCreate,
+    found: list[Job],
+    asked: dict[str, dict[str, Any]],
+    in_flight: set[Any],
+) -> dict[str, float | None]:
+    """Mean objective over pairs of each configuration whose jobs have all ended (None: no
+    pair was scored, a failed trial)."""
+    from service.evaluations import scores_of_job
+
+    values: dict[str, list[float]] = {config: [] for config in asked if config not in in_flight}
+    for job in found:
+        config = (job.request.get("sweep") or {}).get("config")
+        if job.kind != "evaluation" or config not in values or job.status != jobs.SUCCEEDED:
+            continue
+        score = objective_score(scores_of_job(db, job), spec)
+        if score is not None:
+            values[config].append(float(score["value"]))
+    return {c: (sum(v) / len(v) if v else None) for c, v in values.items()}
+
+
+def suggest(
+    spec: SweepCreate,
+    candidates: list[LayerSwapParams],
+    asked: dict[str, dict[str, Any]],
+    values: dict[str, float | None],
+    count: int,
+) -> list[LayerSwapParams]:
+    """`count` untried configurations from Optuna's TPE sampler, told every finished one
+    (seeded by the sweep and by how many were told, so the same state asks the same)."""
+    import optuna
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    by_label = {label(p): p for p in candidates}
+    distribution: dict[str, BaseDistribution] = {"config": CategoricalDistribution(list(by_label))}
+    sampler = optuna.samplers.TPESampler(seed=spec.search.seed + len(values), n_startup_trials=2)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for config, value in values.items():
+        if config not in by_label:
+            continue
+        state = TrialState.COMPLETE if value is not None else TrialState.FAIL
+        study.add_trial(
+            create_trial(
+                params={"config": config},
+                distributions=distribution,
+                value=value,
+                state=state,
+            )
+        )
+    chosen: list[str] = []
+    untried = [c for c in by_label if c not in asked]
+    for _ in range(20 * count):
+        if len(chosen) == count or len(chosen) == len(untried):
+            break
+        trial = study.ask(distribution)
+        config = str(trial.params["config"])
+        if config in asked or config in chosen:
+            study.tell(trial, state=TrialState.FAIL)  # already tried: ask again
+            continue
+        chosen.append(config)
+        study.tell(trial, state=TrialState.PRUNED)  # its value comes from the jobs, later
+    for config in untried:  # the sampler kept repeating itself: fill up in order
+        if len(chosen) < count and config not in chosen:
+            chosen.append(config)
+    return [by_label[c] for c in chosen]
+
+
+def cancel_sweep(db: Database, *, tenant: str, sweep_id: str) -> Sweep:
+    """RUNNING -> CANCELING (compare-and-set); the advancer cancels the jobs."""
+    with db.session() as session:
+        session.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id, Sweep.tenant_id == tenant, Sweep.status == RUNNING)
+            .values(status=CANCELING)
+        )
+        sweep = session.get(Sweep, sweep_id, populate_existing=True)
+        if sweep is None or sweep.tenant_id != tenant:
+            from service.errors import NotFound
+
+            raise NotFound(f"no such sweep: {sweep_id}")
+        if sweep.status in (SUCCEEDED, FAILED, CANCELED):
+            raise Conflict(
+                f"sweep {sweep_id} already {sweep.status}", details={"status": sweep.status}
+            )
+        session.expunge(sweep)
+    return sweep

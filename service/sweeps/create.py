@@ -1,0 +1,204 @@
+"""Creating a sweep: every check a worker would make, made first (sources, depth, recipes,
+tasks, budget), then the sweep and its first jobs in one transaction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service import jobs
+from service.db.models import Job, Sweep
+from service.db.session import Database
+from service.errors import IdempotencyConflict, InvalidRequest
+from service.evaluations import check_spec, evaluation_request
+from service.preflight import check_headers
+from service.settings import Settings
+from service.sources import resolve_source
+from service.sweeps.expand import (
+    SweepError,
+    Trial,
+    initial_configurations,
+    planned_jobs,
+    trials,
+)
+from service.sweeps.spec import SweepCreate
+from worker.engine.errors import EngineError
+from worker.engine.recipe import parse_recipe
+from worker.hub.refs import is_hub_source
+
+RUNNING, CANCELING = "running", "canceling"
+SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
+TERMINAL = (SUCCEEDED, FAILED, CANCELED)
+
+
+@dataclass(frozen=True)
+class Created:
+    sweep: Sweep
+    created: bool
+    job_ids: list[tuple[str, str]]  # (id, kind) to dispatch
+
+
+def create_sweep(
+    db: Database, settings: Settings, tenant: str, spec: SweepCreate, idempotency_key: str | None
+) -> Created:
+    digest = jobs.request_digest({"kind": "sweep", **spec.model_dump(mode="json")})
+    if idempotency_key:
+        with db.session() as session:
+            if (found := _by_key(session, tenant, idempotency_key, digest)) is not None:
+                return Created(found, False, [])
+    check_spec(spec.evaluation, settings)
+    _check_sources(spec, settings, tenant)
+    layers = _num_layers(spec, settings, tenant)
+    try:
+        planned = planned_jobs(spec, layers)
+        first = trials(spec, initial_configurations(spec, layers))
+    except SweepError as e:
+        raise InvalidRequest(str(e), details={"field": e.field}) from None
+    if planned > spec.budget:
+        raise InvalidRequest(
+            f"budget: the sweep expands to {planned} jobs (merges and evaluations), more than "
+            f"its budget of {spec.budget}",
+            details={"field": "budget", "jobs": planned, "budget": spec.budget},
+        )
+    _check_recipes(first, spec, settings, tenant)
+    sweep = Sweep(
+        id=jobs.new_id(),
+        tenant_id=tenant,
+        status=RUNNING,
+        request=spec.model_dump(mode="json"),
+        request_hash=digest,
+        idempotency_key=idempotency_key,
+        num_layers=layers,
+    )
+    jobs.ensure_tenant(db, tenant)
+    try:
+        with db.session() as session:
+            session.add(sweep)
+            session.flush()
+            made = add_trial_jobs(session, settings, sweep, spec, first)
+            session.expunge(sweep)
+    except IntegrityError:
+        with db.session() as session:  # the same key, committed first by a concurrent request
+            found = _by_key(session, tenant, idempotency_key, digest) if idempotency_key else None
+        if found is None:
+            raise
+        return Created(found, False, [])
+    return Created(sweep, True, made)
+
+
+def add_trial_jobs(
+    session: Session, settings: Settings, sweep: Sweep, spec: SweepCreate, found: list[Trial]
+) -> list[tuple[str, str]]:
+    """A queued merge (with the evaluation block) per merge trial, a queued evaluation per
+    expert; each names its sweep and trial. Returns (id, kind) to dispatch after commit."""
+    made = []
+    for trial in found:
+        job_id = jobs.new_id()
+        meta: dict[str, Any] = {"id": sweep.id, "config": trial.config, "pair": trial.pair}
+        if trial.params is not None:
+            meta["params"] = trial.params
+        if trial.recipe is not None:
+            kind = "merge"
+            request = {**trial.recipe, "evaluation": spec.evaluation.model_dump(), "sweep": meta}
+            name = f"sweep-{sweep.id[:8]}-{job_id[:8]}"
+        else:
+            assert trial.source is not None
+            kind = "evaluation"
+            request = {**evaluation_request({"source": trial.source}, spec.evaluation),
+                       "sweep": meta}  # fmt: skip
+            name = f"evaluation-{job_id[:12]}"
+        session.add(
+            Job(
+                id=job_id,
+                tenant_id=sweep.tenant_id,
+                kind=kind,
+                status=jobs.QUEUED,
+                request=request,
+                request_hash=jobs.request_digest({"kind": kind, **request}),
+                output_name=name,
+                max_attempts=settings.max_attempts,
+                sweep_id=sweep.id,
+            )
+        )
+        session.flush()
+        jobs.add_event(session, job_id, jobs.QUEUED, sweep_id=sweep.id)
+        made.append((job_id, kind))
+    return made
+
+
+def _by_key(session: Session, tenant: str, key: str, digest: str) -> Sweep | None:
+    found = session.scalars(
+        select(Sweep).where(Sweep.tenant_id == tenant, Sweep.idempotency_key == key)
+    ).first()
+    if found is not None and found.request_hash != digest:
+        raise IdempotencyConflict(
+            "Idempotency-Key was already used with a different request body",
+            details={"sweep_id": found.id},
+        )
+    if found is not None:
+        session.expunge(found)
+    return found
+
+
+def _check_sources(spec: SweepCreate, settings: Settings, tenant: str) -> None:
+    named = [(f"task_experts.{i}", s) for i, s in enumerate(spec.task_experts)]
+    named += [(f"language_experts.{i}", s) for i, s in enumerate(spec.language_experts)]
+    if spec.base is not None:
+        named.append(("base", spec.base))
+    for field, source in named:
+        if is_hub_source(source):
+            raise InvalidRequest(
+                f"{field}: sweeps read local checkpoints (hf:// sources are not supported in "
+                "sweeps yet; merge or evaluate Hub models directly)",
+                details={"field": field},
+            )
+        resolve_source(source, settings, tenant, field=field)
+
+
+def _num_layers(spec: SweepCreate, settings: Settings, tenant: str) -> int:
+    """The depth presets are scaled to: the first task expert's num_hidden_layers (the
+    recipes' checks make sure every expert of a pair agrees)."""
+    path = resolve_source(spec.task_experts[0], settings, tenant, field="task_experts.0")
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        layers = config.get("num_hidden_layers") or config.get("text_config", {}).get(
+            "num_hidden_layers"
+        )
+    except (OSError, ValueError, AttributeError):
+        layers = None
+    if not isinstance(layers, int) or layers <= 0:
+        raise InvalidRequest(
+            "task_experts.0: no num_hidden_layers in its config.json",
+            details={"field": "task_experts.0"},
+        )
+    return layers
+
+
+def _check_recipes(found: list[Trial], spec: SweepCreate, settings: Settings, tenant: str) -> None:
+    """Each distinct (method, pair) merged once on headers: mismatched architectures, missing
+    bases and bad baseline parameters are 422s now, naming where they came from."""
+    seen: set[tuple[str, int | None]] = set()
+    for trial in found:
+        if trial.recipe is None:
+            continue
+        method = trial.recipe["method"]
+        if (method, trial.pair) in seen and method == "layer_swap":
+            continue
+        seen.add((method, trial.pair))
+        field = "baselines" if method != "layer_swap" else f"pairs.{trial.pair}"
+        try:
+            check_headers(parse_recipe(trial.recipe), settings, tenant)
+        except EngineError as e:  # bad parameters, architectures that differ, ...
+            e.details.update(field=field, config=trial.config)
+            e.message = f"{field} ({trial.config}): {e.message}"
+            raise
+
+
+def trial_of(job: Job) -> dict[str, Any]:
+    return dict(job.request.get("sweep") or {})

@@ -1,0 +1,197 @@
+"""A sweep spec, expanded: configurations (from a list, a grid or a preset, scaled to the
+model's depth), trials (pair × configuration, plus baselines), each trial's merge recipe, and
+the number of jobs it all takes. Pure functions: the API checks a spec with them before anything
+is stored, and the advancer asks for more configurations with them."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from service.sweeps.spec import Baseline, Pair, SweepCreate
+from worker.engine.recipe import LayerSwapParams
+
+PAPER_LAYERS = 32  # the paper's models (Llama 3.1 8B): presets are stated for this depth
+PAPER_DEFAULT = (5, 2)  # bottom, top
+ABLATION = ((0, 0), (3, 1), (5, 2), (8, 4))
+ABLATION_TRANSITIONS = (0, 1)
+
+
+class SweepError(ValueError):
+    """A spec that cannot be expanded; `field` names where."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One job of the sweep: a merge of `pair` by `config` (its label), or an expert alone."""
+
+    config: str  # label, e.g. "b=5 u=2", "soup", "expert:task"
+    pair: int | None  # index into the sweep's pairs; None for an expert (evaluated once)
+    recipe: dict[str, Any] | None  # the merge; None for an expert evaluation
+    source: str | None = None  # the expert evaluated, for an expert trial
+    params: dict[str, Any] | None = None  # the layer-swap parameters, for searches
+
+
+def scaled(layers: int, count: int) -> int:
+    return round(count * layers / PAPER_LAYERS)
+
+
+def label(p: LayerSwapParams) -> str:
+    parts = [f"b={p.bottom}", f"u={p.top}"]
+    if p.bottom_transition or p.top_transition:
+        parts.append(f"t={p.bottom_transition}/{p.top_transition}")
+    if p.transition_weights != "uniform":
+        parts.append(f"tw={p.transition_weights}")
+    if p.non_layer != "average":
+        parts.append(f"nl={p.non_layer}")
+    return " ".join(parts)
+
+
+def fits(p: LayerSwapParams, layers: int) -> bool:
+    return p.bottom + p.bottom_transition + p.top_transition + p.top <= layers
+
+
+def space(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
+    """Every configuration the spec allows, deduplicated, in a stable order. Preset values are
+    scaled to `layers`; ones that do not fit the model are dropped from grids and presets and
+    refused in an explicit list."""
+    if spec.configurations is not None:
+        for i, p in enumerate(spec.configurations):
+            if not fits(p, layers):
+                raise SweepError(
+                    f"configurations.{i}",
+                    f"bottom + transitions + top exceeds the {layers} layers of the model",
+                )
+        found = list(spec.configurations)
+    elif spec.grid is not None:
+        g = spec.grid
+        found = [
+            LayerSwapParams(
+                bottom=b,
+                top=u,
+                bottom_transition=bt,
+                top_transition=ut,
+                transition_weights=tw,
+                non_layer=nl,
+            )
+            for b, u, bt, ut, tw, nl in itertools.product(
+                g.bottom,
+                g.top,
+                g.bottom_transition,
+                g.top_transition,
+                g.transition_weights,
+                g.non_layer,
+            )
+        ]
+    elif spec.preset == "paper-default":
+        b, u = PAPER_DEFAULT
+        found = [LayerSwapParams(bottom=scaled(layers, b), top=scaled(layers, u))]
+    else:  # swap-ablation
+        found = [
+            LayerSwapParams(
+                bottom=scaled(layers, b),
+                top=scaled(layers, u),
+                bottom_transition=t,
+                top_transition=t,
+            )
+            for (b, u), t in itertools.product(ABLATION, ABLATION_TRANSITIONS)
+        ]
+    unique = list({label(p): p for p in found if fits(p, layers)}.values())
+    if not unique:
+        raise SweepError(
+            "grid" if spec.grid else "preset", f"no configuration fits {layers} layers"
+        )
+    return unique
+
+
+def initial_configurations(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
+    """What is merged at once: the whole space (grid), a seeded sample of it (random), or the
+    first batch an optuna search asks for (the advancer asks for the rest)."""
+    everything = space(spec, layers)
+    search = spec.search
+    if search.strategy == "grid":
+        return everything
+    assert search.trials is not None
+    if search.strategy == "random":
+        return random.Random(search.seed).sample(everything, min(search.trials, len(everything)))
+    return []  # optuna: asked by the advancer
+
+
+def trials(
+    spec: SweepCreate, configs: list[LayerSwapParams], *, baselines: bool = True
+) -> list[Trial]:
+    """Each configuration on each pair; with `baselines`, the baselines on each pair and the
+    experts (each evaluated once) too."""
+    pairs = spec.expert_pairs()
+    found = [
+        Trial(label(p), i, layer_swap_recipe(spec, pair, p), params=p.model_dump(mode="json"))
+        for p in configs
+        for i, pair in enumerate(pairs)
+    ]
+    if not baselines:
+        return found
+    for baseline in spec.baselines:
+        if baseline.method == "experts":
+            continue
+        found += [
+            Trial(baseline_label(baseline), i, baseline_recipe(spec, pair, baseline))
+            for i, pair in enumerate(pairs)
+        ]
+    if any(b.method == "experts" for b in spec.baselines):
+        experts = dict.fromkeys([*(p.task for p in pairs), *(p.language for p in pairs)])
+        found += [Trial(f"expert:{source}", None, None, source=source) for source in experts]
+    return found
+
+
+def layer_swap_recipe(spec: SweepCreate, pair: Pair, params: LayerSwapParams) -> dict[str, Any]:
+    recipe: dict[str, Any] = {
+        "method": "layer_swap",
+        "experts": {"task": [pair.task], "language": [pair.language]},
+        "params": params.model_dump(mode="json"),
+    }
+    return _common(spec, recipe)
+
+
+def baseline_label(baseline: Baseline) -> str:
+    if not baseline.params:
+        return baseline.method
+    return baseline.method + " " + " ".join(f"{k}={v}" for k, v in sorted(baseline.params.items()))
+
+
+def baseline_recipe(spec: SweepCreate, pair: Pair, baseline: Baseline) -> dict[str, Any]:
+    recipe: dict[str, Any] = {
+        "method": baseline.method,
+        "models": [pair.task, pair.language],
+        "params": dict(baseline.params),
+    }
+    return _common(spec, recipe)
+
+
+def _common(spec: SweepCreate, recipe: dict[str, Any]) -> dict[str, Any]:
+    if spec.base is not None:
+        recipe["base"] = spec.base
+    if spec.credential is not None:
+        recipe["credential"] = spec.credential
+    return recipe
+
+
+def job_count(found: list[Trial]) -> int:
+    """Jobs the trials create: a merge and its evaluation each; one evaluation per expert."""
+    return sum(2 if t.recipe is not None else 1 for t in found)
+
+
+def planned_jobs(spec: SweepCreate, layers: int) -> int:
+    """All the jobs the sweep will have created by its end (optuna's later asks included)."""
+    configs = initial_configurations(spec, layers)
+    count = job_count(trials(spec, configs))
+    if spec.search.strategy == "optuna":
+        assert spec.search.trials is not None
+        per_config = 2 * len(spec.expert_pairs())
+        count += min(spec.search.trials, len(space(spec, layers))) * per_config
+    return count

@@ -1,0 +1,131 @@
+"""What a sweep asks for: expert pairs, layer-swap configurations (a list, a grid or a preset),
+baselines on the same pairs, the evaluation, the objective, the search and what to keep."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from worker.engine.recipe import Credential, LayerSwapParams, Source
+from worker.evaluation.spec import EvaluationSpec
+
+MAX_EXPERTS = 16
+MAX_BUDGET = 1000  # jobs one sweep may create (merges + evaluations)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Pair(_Strict):
+    task: Source
+    language: Source
+
+
+class Grid(_Strict):
+    """Each layer-swap parameter's values; the configurations are their product."""
+
+    bottom: list[int] = Field(min_length=1, max_length=64)
+    top: list[int] = Field(min_length=1, max_length=64)
+    bottom_transition: list[int] = Field([0], min_length=1, max_length=16)
+    top_transition: list[int] = Field([0], min_length=1, max_length=16)
+    transition_weights: list[Literal["uniform", "magnitude"]] = Field(
+        ["uniform"], min_length=1, max_length=2
+    )
+    non_layer: list[Literal["average", "task", "language"]] = Field(
+        ["average"], min_length=1, max_length=3
+    )
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> Self:
+        for name in ("bottom", "top", "bottom_transition", "top_transition"):
+            values = getattr(self, name)
+            if any(v < 0 for v in values):
+                raise ValueError(f"{name}: layer counts are >= 0")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: a value is listed twice")
+        return self
+
+
+class Baseline(_Strict):
+    """Another method on the same pairs (`models` = [task, language]), or the experts alone."""
+
+    method: Literal["soup", "ties", "task_arithmetic", "experts"]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Objective(_Strict):
+    """The score a sweep ranks by: one task, metric and filter of the evaluation."""
+
+    task: str
+    metric: str = "exact_match"
+    filter: str | None = Field(
+        None,
+        description="default: the task's first of flexible-extract, strict-match, "
+        "remove_whitespace, none",
+    )
+
+
+class Search(_Strict):
+    strategy: Literal["grid", "random", "optuna"] = "grid"
+    trials: int | None = Field(
+        None, ge=1, le=MAX_BUDGET, description="random / optuna: configurations to try"
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    parallel: int = Field(
+        2, ge=1, le=64, description="optuna: configurations in flight at once (asked together)"
+    )
+
+    @model_validator(mode="after")
+    def _trials(self) -> Self:
+        if self.strategy != "grid" and self.trials is None:
+            raise ValueError(f"trials: required by the {self.strategy} strategy")
+        return self
+
+
+class SweepCreate(_Strict):
+    task_experts: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS)
+    language_experts: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS)
+    pairs: list[Pair] | None = Field(
+        None, min_length=1, max_length=MAX_EXPERTS * MAX_EXPERTS,
+        description="explicit pairs (default: every task expert with every language expert)",
+    )  # fmt: skip
+    base: Source | None = None
+    configurations: list[LayerSwapParams] | None = Field(None, min_length=1, max_length=256)
+    grid: Grid | None = None
+    preset: Literal["paper-default", "swap-ablation"] | None = None
+    baselines: list[Baseline] = Field(default_factory=list, max_length=8)
+    evaluation: EvaluationSpec
+    objective: Objective
+    search: Search = Search()
+    keep: Literal["best", "all", "none"] = "best"
+    budget: int = Field(200, ge=1, le=MAX_BUDGET, description="most jobs the sweep may create")
+    credential: Credential = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        given = [n for n in ("configurations", "grid", "preset") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of configurations, grid or preset")
+        if self.objective.task not in self.evaluation.tasks:
+            raise ValueError(f"objective.task: {self.objective.task!r} is not evaluated")
+        if self.pairs is not None:
+            for i, pair in enumerate(self.pairs):
+                if pair.task not in self.task_experts:
+                    raise ValueError(f"pairs.{i}.task: not one of task_experts")
+                if pair.language not in self.language_experts:
+                    raise ValueError(f"pairs.{i}.language: not one of language_experts")
+        if self.search.strategy == "optuna" and self.configurations is not None:
+            raise ValueError("search: optuna searches a grid or preset, not a fixed list")
+        for name in ("task_experts", "language_experts"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: an expert is listed twice")
+        return self
+
+    def expert_pairs(self) -> list[Pair]:
+        if self.pairs is not None:
+            return list(self.pairs)
+        return [Pair(task=t, language=lang) for t in self.task_experts
+                for lang in self.language_experts]  # fmt: skip

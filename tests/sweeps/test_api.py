@@ -1,0 +1,231 @@
+"""Sweeps through the API on the local executor with the real merge and evaluation pipeline:
+2 × 2 expert pairs × 3 layer-swap configurations + a soup baseline + the experts; the
+leaderboard's aggregates recomputed here from each job's own result; CSV, Markdown and PNG;
+keep policies on disk; cancel; searches within their budget; bad specs refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.evaluation.conftest import TASK, Model
+from tests.evaluation.test_api import EVALUATION
+from tests.service.conftest import Service, running_service
+from worker.examples import MATH_SCALE, SWH_SCALE, make_checkpoint
+
+OBJECTIVE = {"task": TASK, "metric": "exact_match", "filter": "remove_whitespace"}
+CONFIGS = [{"bottom": 1, "top": 1}, {"bottom": 2, "top": 1},
+           {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1}]  # fmt: skip
+LABELS = ["b=1 u=1", "b=2 u=1", "b=1 u=1 t=1/1"]
+
+
+@pytest.fixture
+def service(tmp_path: Path, examples: Path, math_expert: Model) -> Iterator[Service]:
+    with running_service(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", examples,
+        eval_data_dir=math_expert.data_dir, reconcile_interval_s=0.2,
+    ) as running:  # fmt: skip
+        base = running.checkpoints / "base"
+        make_checkpoint(running.checkpoints / "math2", base=base, seed=11, layer_scale=MATH_SCALE,
+                        non_layer_scale=0.01)  # fmt: skip
+        make_checkpoint(running.checkpoints / "swh2", base=base, seed=12, layer_scale=SWH_SCALE,
+                        non_layer_scale=0.03)  # fmt: skip
+        yield running
+
+
+def sweep_body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "task_experts": ["math", "math2"],
+        "language_experts": ["swh", "swh2"],
+        "base": "base",
+        "configurations": CONFIGS,
+        "baselines": [{"method": "soup"}, {"method": "experts"}],
+        "evaluation": EVALUATION,
+        "objective": OBJECTIVE,
+    }
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def submit(service: Service, body: dict[str, Any], **headers: str) -> dict[str, Any]:
+    response = service.client.post("/v1/sweeps", json=body, headers=headers)
+    assert response.status_code == 202, response.text
+    return dict(response.json())
+
+
+def wait(service: Service, sweep_id: str, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        sweep = service.client.get(f"/v1/sweeps/{sweep_id}").json()
+        if sweep["status"] in ("succeeded", "failed", "canceled"):
+            return dict(sweep)
+        assert time.monotonic() < deadline, sweep["progress"]
+        time.sleep(0.2)
+
+
+def objective_of(service: Service, evaluation_id: str) -> float:
+    """The objective as the evaluation job itself reports it."""
+    job = service.client.get(f"/v1/evaluations/{evaluation_id}").json()
+    (value,) = [
+        s["value"]
+        for s in job["result"]["scores"]
+        if (s["task"], s["metric"], s["filter"]) == (TASK, "exact_match", "remove_whitespace")
+    ]
+    return float(value)
+
+
+def test_a_sweep_merges_evaluates_and_ranks(service: Service) -> None:
+    created = submit(service, sweep_body(), **{"Idempotency-Key": "sweep-1"})
+    again = submit(service, sweep_body(), **{"Idempotency-Key": "sweep-1"})
+    assert again["id"] == created["id"]
+    # 4 pairs × (3 configurations + soup) merges and 4 experts' evaluations; each merge's
+    # evaluation is created when the merge succeeds.
+    assert created["progress"]["jobs"] == 4 * 4 + 4
+    done = wait(service, created["id"])
+    assert done["status"] == "succeeded", done["result"]
+    assert done["progress"]["jobs"] == 4 * 4 * 2 + 4
+    assert done["progress"]["by_status"] == {"succeeded": 36}
+
+    # Recompute the leaderboard from the jobs' own results.
+    by_config: dict[str, dict[int, float]] = {}
+    experts: dict[str, float] = {}
+    for trial in done["trials"]:
+        value = objective_of(service, trial["evaluation_job_id"])
+        assert trial["score"] == value
+        if trial["pair"] is None:
+            experts[trial["config"].removeprefix("expert:")] = value
+        else:
+            by_config.setdefault(trial["config"], {})[trial["pair"]] = value
+    assert set(by_config) == {*LABELS, "soup"} and set(experts) == {"math", "math2", "swh", "swh2"}
+    board = service.client.get(f"/v1/sweeps/{created['id']}/leaderboard").json()
+    assert [r["rank"] for r in board["rows"]] == [1, 2, 3, 4]
+    means = [r["mean"] for r in board["rows"]]
+    assert means == sorted(means, reverse=True)
+    for row in board["rows"]:
+        values = list(by_config[row["config"]].values())
+        assert row["mean"] == pytest.approx(sum(values) / 4)
+        assert (row["min"], row["max"]) == (min(values), max(values))
+        assert row["pairs_scored"] == 4
+        assert row["ci95"][0] <= row["mean"] <= row["ci95"][1]
+        assert (row["vs_best"] is None) == (row["rank"] == 1)
+        if row["vs_best"] is not None:
+            assert row["vs_best"]["documents"] == 4 * 8  # 4 pairs × 8 documents, paired
+    assert board["experts"] == experts
+    for entry in board["per_pair"]:
+        assert entry["task_expert_score"] == experts[entry["task_expert"]]
+        assert entry["language_expert_score"] == experts[entry["language_expert"]]
+        best_expert = max(experts[entry["task_expert"]], experts[entry["language_expert"]])
+        for config, cell in entry["configs"].items():
+            assert cell["value"] == by_config[config][entry["pair"]]
+            assert cell["minus_best_expert"] == pytest.approx(cell["value"] - best_expert)
+
+    # CSV and Markdown say the same as the JSON.
+    text = service.client.get(f"/v1/sweeps/{created['id']}/leaderboard?format=csv").text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [(r["config"], float(r["mean"])) for r in rows] == [
+        (r["config"], r["mean"]) for r in board["rows"]
+    ]
+    markdown = service.client.get(f"/v1/sweeps/{created['id']}/leaderboard?format=markdown").text
+    for row in board["rows"]:
+        assert f"| {row['rank']} | {row['config']} | {row['mean']:.4f} |" in markdown
+    png = service.client.get(f"/v1/sweeps/{created['id']}/leaderboard.png")
+    assert png.headers["content-type"] == "image/png"
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(io.BytesIO(png.content), format="png")
+    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 500
+    assert pixels.std() > 0.05  # not a blank canvas
+
+    # keep: best — only the best configuration's merged models are left on disk.
+    best = board["rows"][0]["config"]
+    assert done["result"]["best"] == {"config": best, "mean": board["rows"][0]["mean"]}
+    for trial in done["trials"]:
+        if trial["artifact_id"] is None:
+            continue
+        artifact = service.client.get(f"/v1/artifacts/{trial['artifact_id']}").json()
+        kept = trial["config"] == best
+        assert (artifact["deleted_at"] is None) == kept, trial
+        assert Path(artifact["location"]).is_dir() == kept
+        assert artifact["scores"]  # scores stay with deleted artifacts
+
+
+@pytest.mark.parametrize("keep", ["none", "all"])
+def test_keep_policies_leave_what_they_promise(service: Service, keep: str) -> None:
+    body = sweep_body(task_experts=["math"], language_experts=["swh"], baselines=[],
+                      configurations=CONFIGS[:2], keep=keep)  # fmt: skip
+    done = wait(service, submit(service, body)["id"])
+    assert done["status"] == "succeeded", done["result"]
+    outputs = sorted((service.settings.artifacts_dir / "default").glob("sweep-*"))
+    merges = [t for t in done["trials"] if t["merge_job_id"]]
+    assert len(merges) == 2
+    assert len(outputs) == (2 if keep == "all" else 0)
+
+
+def test_random_and_model_based_searches_respect_their_budget(service: Service) -> None:
+    grid = {"bottom": [0, 1, 2], "top": [1, 2]}  # 6 configurations
+    for search, expected in (({"strategy": "random", "trials": 2, "seed": 3}, 2),
+                             ({"strategy": "optuna", "trials": 3, "parallel": 1}, 3)):  # fmt: skip
+        body = sweep_body(task_experts=["math"], language_experts=["swh"], baselines=[],
+                          configurations=None, grid=grid, search=search, keep="none")  # fmt: skip
+        done = wait(service, submit(service, body)["id"])
+        assert done["status"] == "succeeded", done["result"]
+        configs = {t["config"] for t in done["trials"]}
+        assert len(configs) == expected, (search, configs)
+        assert all(t["score"] is not None for t in done["trials"]), json.dumps(done["trials"])
+
+
+def test_cancel_stops_every_job_of_the_sweep(service: Service) -> None:
+    created = submit(service, sweep_body(keep="all"))
+    response = service.client.post(f"/v1/sweeps/{created['id']}/cancel")
+    assert response.status_code == 202, response.text
+    done = wait(service, created["id"])
+    assert done["status"] == "canceled"
+    statuses = done["progress"]["by_status"]
+    assert set(statuses) <= {"canceled", "succeeded", "failed"} and statuses.get("canceled", 0) > 0
+    again = service.client.post(f"/v1/sweeps/{created['id']}/cancel")
+    assert again.status_code == 409
+
+
+def test_bad_sweeps_are_refused_with_nothing_queued(service: Service) -> None:
+    make_checkpoint(service.checkpoints / "qwen", arch="qwen2", layers=6)
+    cases = [
+        (
+            sweep_body(
+                grid={"bottom": list(range(6)), "top": list(range(6))},
+                configurations=None,
+                budget=50,
+            ),
+            "budget",
+        ),
+        (sweep_body(grid={"bottom": [1]}, configurations=None), "grid.top"),
+        (sweep_body(objective={**OBJECTIVE, "task": "other"}), "objective"),
+        (sweep_body(grid={"bottom": [1], "top": [1]}), "configurations"),
+        (sweep_body(task_experts=["nope"]), "task_experts.0"),
+        (sweep_body(configurations=[{"bottom": 4, "top": 3}]), "configurations.0"),
+        (sweep_body(language_experts=["qwen"]), "pairs.0"),
+        (sweep_body(baselines=[{"method": "ties", "params": {"density": 2}}]), "baselines"),
+        (
+            sweep_body(evaluation={**EVALUATION, "tasks": [TASK, "mgsm_nope_xx"]}),
+            "evaluation.tasks.1",
+        ),
+        (sweep_body(search={"strategy": "random"}), "search"),
+    ]
+    for body, field in cases:
+        response = service.client.post("/v1/sweeps", json=body)
+        assert response.status_code == 422, (field, response.text)
+        assert field in response.text, (field, response.text)
+    budget = service.client.post("/v1/sweeps", json=cases[0][0]).json()["error"]
+    # The (b, u) of the grid that fit 6 layers × 4 pairs × (merge + evaluation), the soup on
+    # 4 pairs × 2, and the 4 experts.
+    fitting = sum(1 for b in range(6) for u in range(6) if b + u <= 6)
+    assert budget["details"]["jobs"] == fitting * 4 * 2 + 4 * 2 + 4
+    assert "expands to" in budget["message"]
+    assert service.client.get("/v1/sweeps").json()["items"] == []
+    assert service.client.get("/v1/merges").json()["items"] == []

@@ -1,0 +1,97 @@
+"""Expanding sweep specs: presets scaled to the model's depth, grids less what does not fit,
+seeded random samples, job counts, and the optuna search's asks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.sweeps.advance import suggest
+from service.sweeps.expand import (
+    SweepError,
+    initial_configurations,
+    label,
+    planned_jobs,
+    space,
+    trials,
+)
+from service.sweeps.spec import SweepCreate
+
+EVALUATION = {"tasks": ["mgsm_local_direct_sw"]}
+OBJECTIVE = {"task": "mgsm_local_direct_sw"}
+
+
+def spec(**values: Any) -> SweepCreate:
+    body = {"task_experts": ["t1", "t2"], "language_experts": ["l1"], "evaluation": EVALUATION,
+            "objective": OBJECTIVE, **values}  # fmt: skip
+    return SweepCreate.model_validate(body)
+
+
+def test_presets_are_the_papers_on_32_layers_and_scale_with_depth() -> None:
+    assert [label(p) for p in space(spec(preset="paper-default"), 32)] == ["b=5 u=2"]
+    assert [label(p) for p in space(spec(preset="paper-default"), 16)] == ["b=2 u=1"]
+    ablation = [label(p) for p in space(spec(preset="swap-ablation"), 32)]
+    assert ablation == ["b=0 u=0", "b=0 u=0 t=1/1", "b=3 u=1", "b=3 u=1 t=1/1", "b=5 u=2",
+                        "b=5 u=2 t=1/1", "b=8 u=4", "b=8 u=4 t=1/1"]  # fmt: skip
+    # On 6 layers (3, 1) and (5, 2) both round to (1, 0): one configuration, not two.
+    small = [label(p) for p in space(spec(preset="swap-ablation"), 6)]
+    assert small == ["b=0 u=0", "b=0 u=0 t=1/1", "b=1 u=0", "b=1 u=0 t=1/1", "b=2 u=1",
+                     "b=2 u=1 t=1/1"]  # fmt: skip
+
+
+def test_grids_drop_what_does_not_fit_and_lists_refuse_it() -> None:
+    grid = spec(grid={"bottom": [0, 3, 5], "top": [0, 2], "bottom_transition": [0, 1]})
+    found = space(grid, 6)
+    assert all(p.bottom + p.top + p.bottom_transition <= 6 for p in found)
+    assert len(found) == 3 * 2 * 2 - 2  # (5, 2, 0) and (5, 2, 1) do not fit
+    with pytest.raises(SweepError) as refused:
+        space(spec(configurations=[{"bottom": 1, "top": 1}, {"bottom": 5, "top": 2}]), 6)
+    assert refused.value.field == "configurations.1"
+    with pytest.raises(SweepError):
+        space(spec(grid={"bottom": [7], "top": [1]}), 6)
+
+
+def test_random_samples_are_seeded_and_within_the_space() -> None:
+    grid = {"bottom": [0, 1, 2, 3], "top": [0, 1, 2]}
+    one = initial_configurations(spec(grid=grid, search={"strategy": "random", "trials": 5}), 32)
+    two = initial_configurations(spec(grid=grid, search={"strategy": "random", "trials": 5}), 32)
+    assert [label(p) for p in one] == [label(p) for p in two] and len(one) == 5
+    other = spec(grid=grid, search={"strategy": "random", "trials": 5, "seed": 9})
+    assert [label(p) for p in initial_configurations(other, 32)] != [label(p) for p in one]
+    everything = spec(grid=grid, search={"strategy": "random", "trials": 500})
+    assert len(initial_configurations(everything, 32)) == 12
+
+
+def test_trials_and_job_counts() -> None:
+    body = spec(configurations=[{"bottom": 1, "top": 1}, {"bottom": 2, "top": 1}],
+                baselines=[{"method": "soup"}, {"method": "experts"}])  # fmt: skip
+    found = trials(body, initial_configurations(body, 6))
+    merges = [t for t in found if t.recipe is not None]
+    assert len(merges) == (2 + 1) * 2  # (2 configurations + soup) × 2 pairs
+    assert sorted(t.source for t in found if t.recipe is None) == ["l1", "t1", "t2"]
+    assert planned_jobs(body, 6) == 2 * len(merges) + 3
+    swap = merges[0].recipe
+    assert swap == {"method": "layer_swap", "experts": {"task": ["t1"], "language": ["l1"]},
+                    "params": merges[0].params}  # fmt: skip
+    optuna = spec(grid={"bottom": [0, 1, 2], "top": [1]},
+                  search={"strategy": "optuna", "trials": 2})  # fmt: skip
+    assert planned_jobs(optuna, 6) == 2 * 2 * 2  # 2 trials × 2 pairs × (merge + evaluation)
+
+
+def test_optuna_asks_untried_configurations_deterministically() -> None:
+    body = spec(grid={"bottom": [0, 1, 2, 3], "top": [0, 1]},
+                search={"strategy": "optuna", "trials": 6})  # fmt: skip
+    candidates = space(body, 6)
+    first = suggest(body, candidates, {}, {}, 2)
+    assert len(first) == 2 and len({label(p) for p in first}) == 2
+    asked = {label(p): p.model_dump() for p in first}
+    told = {label(first[0]): 0.5, label(first[1]): None}  # one scored, one failed
+    again = suggest(body, candidates, asked, told, 3)
+    assert [label(p) for p in again] == [
+        label(p) for p in suggest(body, candidates, asked, told, 3)
+    ]
+    assert not {label(p) for p in again} & set(asked)
+    # Every configuration asked: nothing more.
+    everything = {label(p): p.model_dump() for p in candidates}
+    assert suggest(body, candidates, everything, {}, 2) == []
