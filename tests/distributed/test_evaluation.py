@@ -124,3 +124,37 @@ def test_a_sigkilled_evaluation_resumes_from_its_request_cache(
     records = [json.loads(line) for line in samples.text.splitlines()]
     correct = {r["doc_id"]: r["correct"] for r in records if r["filter"] == "remove_whitespace"}
     assert correct == dict(enumerate(model.right))
+
+
+def test_a_sweep_runs_on_workers(cluster: Cluster, eval_model: tuple[Model, ChoiceTask]) -> None:
+    """One pair × 2 configurations + a soup, merged on the merge queue and evaluated on the eval
+    queue by a real worker; the leaderboard is what the evaluation jobs report."""
+    worker = cluster.start_worker()
+    evaluation = {"tasks": [TASK], "num_fewshot": 0, "batch_size": 4, "limit": 8,
+                  "max_gen_toks": MAX_GEN_TOKS, "dtype": "float32"}  # fmt: skip
+    body = {
+        "task_experts": ["math"], "language_experts": ["swh"], "base": "base",
+        "configurations": [{"bottom": 1, "top": 1}, {"bottom": 2, "top": 2}],
+        "baselines": [{"method": "soup"}], "evaluation": evaluation,
+        "objective": {"task": TASK, "metric": "exact_match", "filter": "remove_whitespace"},
+        "keep": "all",
+    }  # fmt: skip
+    response = cluster.service.client.post("/v1/sweeps", json=body)
+    assert response.status_code == 202, response.text
+    sweep_id = response.json()["id"]
+
+    def ended() -> dict[str, Any] | None:
+        sweep = dict(cluster.service.client.get(f"/v1/sweeps/{sweep_id}").json())
+        return sweep if sweep["status"] in ("succeeded", "failed", "canceled") else None
+
+    done = wait_for(ended, "the sweep", timeout=300)
+    assert done["status"] == "succeeded", done["result"]
+    assert done["progress"]["by_status"] == {"succeeded": 6}
+    board = cluster.service.client.get(f"/v1/sweeps/{sweep_id}/leaderboard").json()
+    reported = {}
+    for trial in done["trials"]:
+        job = cluster.job(trial["evaluation_job_id"], "evaluations")
+        reported[trial["config"]] = score(job, TASK, "exact_match")
+        assert f"job {trial['merge_job_id']}: attempt 1 started" in worker.text()
+        assert f"job {trial['evaluation_job_id']}: attempt 1 started" in worker.text()
+    assert {r["config"]: r["mean"] for r in board["rows"]} == reported
