@@ -117,3 +117,63 @@ def free_name(session: Session, out_dir: Path, tenant: str) -> None:
         )
     remove_orphan(out_dir, owner.id)
     log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)
+
+
+def identical_output(
+    job: Job, recipe: Any, db: Any, settings: Any, should_cancel: Any = None
+) -> tuple[str, Any] | None:
+    """(job id, MergeResult) of an earlier merge that made exactly what `recipe` would make
+    now: the same recipe (its output options aside), the same plan digest, the same bytes in
+    every input file its manifest lists, and its output intact. Sweeps use it so a
+    configuration tried before is not merged again."""
+    from sqlalchemy import select
+
+    from service.db.models import Artifact
+    from service.kinds import merge_recipe
+    from service.sources import resolve_source
+    from worker.engine.digests import file_sha256
+    from worker.engine.merge import MergeResult
+    from worker.engine.planner import make_plan
+    from worker.engine.recipe import recipe_to_dict
+
+    def without_output(r: Any) -> str:
+        return jobs.request_digest({k: v for k, v in recipe_to_dict(r).items() if k != "output"})
+
+    wanted = without_output(recipe)
+    with db.session() as session:
+        rows = session.execute(
+            select(Job.id, Job.request, Artifact.location, Artifact.files)
+            .join(Artifact, Artifact.id == Job.output_artifact_id)
+            .where(Job.tenant_id == job.tenant_id, Job.kind == "merge", Job.id != job.id)
+            .where(Job.status == jobs.SUCCEEDED, Artifact.deleted_at.is_(None))
+            .order_by(Job.finished_at.desc())
+            .limit(500)
+        ).all()
+    matches = [r for r in rows if without_output(merge_recipe(r.request)) == wanted]
+    if not matches:
+        return None
+
+    def resolve(source: str) -> Path:
+        return resolve_source(source, settings, job.tenant_id)
+
+    plan = make_plan(recipe, resolve=resolve, headers_only=True)
+    digest = plan.digest()
+    plan.close()
+    cache = settings.cache_dir / "sha256"
+    for earlier, _, location, files in matches:
+        out_dir = Path(location)
+        manifest = read_manifest(out_dir)
+        if manifest is None or manifest.get("plan_digest") != digest:
+            continue
+        same_inputs = all(
+            file_sha256(resolve(entry["source"]) / name, cache, should_cancel) == sha
+            for entry in manifest["inputs"]
+            for name, sha in entry["files"].items()
+        )
+        intact = all(
+            (out_dir / name).is_file() and file_sha256(out_dir / name, cache, should_cancel) == sha
+            for name, sha in files.items()
+        )
+        if same_inputs and intact:
+            return earlier, MergeResult(out_dir, dict(files), digest, manifest, 0.0)
+    return None

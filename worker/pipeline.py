@@ -35,7 +35,7 @@ from worker.engine.errors import (
 )
 from worker.engine.progress import Progress
 from worker.lease import JobLease, LeaseLost, settle, write_with_retry
-from worker.outputs import made_by, published_by_earlier_attempt, remove_leftovers
+from worker.outputs import identical_output, made_by, published_by_earlier_attempt, remove_leftovers
 
 log = logging.getLogger("layerswap.pipeline")
 
@@ -120,10 +120,18 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
     fetched = None
     try:
         result = published_by_earlier_attempt(out_dir, job.id)
+        reused_from = None
+        if result is None and "sweep" in job.request:  # a sweep's configuration tried before
+            lease.set_stage("planning")
+            found = identical_output(job, recipe, db, settings, lease.should_cancel)
+            if found is not None:
+                reused_from, result = found
+                out_dir = result.out_dir
+                log.info("job %s: %s already made this merge; reused", job.id, reused_from)
         if result is None:
             fetched = _fetch_hub_inputs(job, recipe, settings, lease)
             result = _merge(job, recipe, out_dir, settings, lease, fetched, db)
-        else:
+        elif reused_from is None:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
         published = None
         if recipe.output.hub is not None:
@@ -166,6 +174,7 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 "seconds": round(result.seconds, 3),
                 "resolved_weights": manifest["resolved_weights"],
                 **({"published": published} if published else {}),
+                **({"reused_from": reused_from} if reused_from else {}),
             }
             evaluation = follow_up_evaluation(session, settings, row, output.id)
             if evaluation is not None:

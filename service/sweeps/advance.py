@@ -124,6 +124,8 @@ def _remove_evaluated(
             continue
         if job.id not in ended or job.request["sweep"]["config"] in keep:
             continue
+        if (job.result or {}).get("reused_from"):
+            continue  # another job's output, reused: not this sweep's to remove
         with suppress(Conflict):  # read by a running job: next round
             delete_artifact(
                 db, settings, tenant=sweep.tenant_id, artifact_id=job.output_artifact_id

@@ -229,3 +229,32 @@ def test_bad_sweeps_are_refused_with_nothing_queued(service: Service) -> None:
     assert "expands to" in budget["message"]
     assert service.client.get("/v1/sweeps").json()["items"] == []
     assert service.client.get("/v1/merges").json()["items"] == []
+
+
+def test_a_configuration_merged_before_is_reused_not_merged_again(service: Service) -> None:
+    body = sweep_body(task_experts=["math"], language_experts=["swh"], baselines=[], keep="all",
+                      configurations=CONFIGS[:2])  # fmt: skip
+    first = wait(service, submit(service, body)["id"])
+    assert first["status"] == "succeeded", first["result"]
+    made = {t["config"]: t for t in first["trials"]}
+
+    again = wait(service, submit(service, {**body, "configurations": CONFIGS[1:]})["id"])
+    assert again["status"] == "succeeded", again["result"]
+    trials = {t["config"]: t for t in again["trials"]}
+    reused = service.client.get(f"/v1/merges/{trials[LABELS[1]]['merge_job_id']}").json()
+    assert reused["result"]["reused_from"] == made[LABELS[1]]["merge_job_id"]
+    assert trials[LABELS[1]]["artifact_id"] == made[LABELS[1]]["artifact_id"]
+    evaluation = service.client.get(f"/v1/evaluations/{trials[LABELS[1]]['evaluation_job_id']}")
+    assert evaluation.json()["result"]["ran"] == []  # its scores were reused as well
+    assert trials[LABELS[1]]["score"] == made[LABELS[1]]["score"]
+    fresh = service.client.get(f"/v1/merges/{trials[LABELS[2]]['merge_job_id']}").json()
+    assert "reused_from" not in fresh["result"]
+
+    # The language expert's bytes change: the same recipe is merged again.
+    make_checkpoint(service.checkpoints / "swh", base=service.checkpoints / "base", seed=99,
+                    layer_scale=SWH_SCALE, non_layer_scale=0.03)  # fmt: skip
+    third = wait(service, submit(service, {**body, "configurations": CONFIGS[1:2]})["id"])
+    (trial,) = [t for t in third["trials"] if t["merge_job_id"]]
+    merged = service.client.get(f"/v1/merges/{trial['merge_job_id']}").json()
+    assert "reused_from" not in merged["result"]
+    assert trial["artifact_id"] != made[LABELS[1]]["artifact_id"]
