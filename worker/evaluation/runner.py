@@ -48,9 +48,10 @@ def check_backend(backend: str, offered: list[str]) -> None:
 
 
 def evaluate(
-    model_dir: Path,
+    model_dir: Path | None,
     spec: EvaluationSpec,
     *,
+    prebuilt: Any = None,  # an in_memory.Assembled instead of a directory
     tasks_dir: Path | None,
     data_dir: Path,
     cache_prefix: Path | None = None,
@@ -67,7 +68,9 @@ def evaluate(
     started = time.monotonic()
     deadline = started + timeout_s if timeout_s else None
     model = SteppedLM(
-        _backend(model_dir, spec, device),
+        _prebuilt(prebuilt, spec, device)
+        if prebuilt is not None
+        else _backend(model_dir, spec, device),
         chunk=4 * spec.batch_size,
         on_progress=on_progress,
         should_cancel=should_cancel,
@@ -115,7 +118,26 @@ def evaluate(
     )
 
 
-def _backend(model_dir: Path, spec: EvaluationSpec, device: str) -> Any:
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _prebuilt(assembled: Any, spec: EvaluationSpec, device: str) -> Any:
+    """lm-eval's HF model around a model built in memory; the same dtype and device as
+    `HFLM(pretrained=<its directory>)` would load it with."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    if spec.backend != "hf":
+        raise EvaluationFailed("a model assembled in memory is evaluated with the hf backend")
+    model = assembled.model
+    if spec.dtype != "auto":
+        model = model.to(getattr(torch, DTYPES[spec.dtype]))
+    model = model.to(device)
+    return HFLM(pretrained=model, tokenizer=assembled.tokenizer, batch_size=spec.batch_size)
+
+
+def _backend(model_dir: Path | None, spec: EvaluationSpec, device: str) -> Any:
+    assert model_dir is not None
     if spec.backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise EvaluationUnavailable("the vllm backend needs vllm installed on this worker")
