@@ -127,7 +127,7 @@ def _artifact(db: Database, tenant: str, artifact_id: str) -> Artifact:
 
 
 def evaluation_request(
-    target: dict[str, str], spec: EvaluationSpec, merge_job_id: str | None = None
+    target: dict[str, Any], spec: EvaluationSpec, merge_job_id: str | None = None
 ) -> dict[str, Any]:
     request: dict[str, Any] = {"target": target, "evaluation": spec.model_dump()}
     if merge_job_id:

@@ -51,8 +51,10 @@ def _analysis_sources(request: dict[str, Any]) -> list[str]:
 
 
 def _evaluation_sources(request: dict[str, Any]) -> list[str]:
-    source = request["target"].get("source")
-    return [source] if source else []
+    target = request["target"]
+    if "layer_swap" in target:  # a layer swap assembled in memory reads its experts
+        return _merge_sources(target["layer_swap"])
+    return [target["source"]] if target.get("source") else []
 
 
 KINDS = {

@@ -80,8 +80,9 @@ def task_files_digest(tasks_dir: Path | None) -> str:
 @dataclass(frozen=True)
 class Target:
     artifact_id: str
-    location: Path
-    digest: str  # model_digest
+    location: Path | None  # None: assembled in memory (`prebuilt`)
+    digest: str  # model_digest, or the in-memory model's digest
+    prebuilt: Any = None  # in_memory.Assembled
 
 
 def run_evaluation(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
@@ -118,6 +119,7 @@ def _evaluate_target(
         outcome = evaluate(
             target.location,
             spec.model_copy(update={"tasks": to_run}),
+            prebuilt=target.prebuilt,
             tasks_dir=settings.eval_tasks_dir,
             data_dir=settings.evaluation_data_dir,
             cache_prefix=settings.evaluations_dir / job.tenant_id / job.id / "cache" / "requests",
@@ -178,6 +180,8 @@ def _target(
     wanted = job.request["target"]
     if is_hub_source(wanted.get("source", "")):
         return _hub_target(job, db, settings, lease, stack)
+    if "layer_swap" in wanted:
+        return _in_memory_target(job, db, settings, lease)
     if "artifact_id" in wanted:
         with db.session() as session:
             artifact = session.get(Artifact, wanted["artifact_id"])
@@ -261,6 +265,33 @@ def _hub_target(
     return Target(_artifact_for(db, job.tenant_id, source, files, view), view, model_digest(files))
 
 
+def _in_memory_target(job: Job, db: Database, settings: Settings, lease: JobLease) -> Target:
+    """A layer swap evaluated without writing it (sweeps): assembled from the experts in
+    memory, recorded as an `in_memory` artifact named by the model's digest."""
+    from worker.engine.recipe import LayerSwapRecipe
+    from worker.evaluation.in_memory import assemble
+
+    lease.set_stage("assembling")
+    built = assemble(
+        LayerSwapRecipe.model_validate(job.request["target"]["layer_swap"]),
+        resolve=lambda source: resolve_source(source, settings, job.tenant_id),
+        hash_cache=settings.cache_dir / "sha256",
+        should_cancel=lease.should_cancel,
+    )
+    config = built.model.config
+    with db.session() as session:
+        artifact = get_or_create_artifact(
+            session,
+            tenant=job.tenant_id,
+            location=f"memory://{built.digest}",
+            files={},
+            kind="in_memory",
+            architecture=getattr(config, "model_type", None),
+            num_layers=getattr(config, "num_hidden_layers", None),
+        )
+        return Target(artifact.id, None, built.digest, built)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -340,6 +371,8 @@ def _update_model_card(
     not the job's: the scores are what matter, the card is a view of them."""
     from worker.evaluation.card import push_card, write_model_index
 
+    if target.location is None:
+        return {"updated": False}  # assembled in memory: no card to update
     pending = [{**s.to_dict(), "lm_eval_version": version} for s in scores]
     try:
         written = write_model_index(db, settings, target.artifact_id, target.location, pending)

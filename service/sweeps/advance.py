@@ -31,6 +31,7 @@ from service.sweeps.create import (
     FAILED,
     RUNNING,
     SUCCEEDED,
+    add_kept_merges,
     add_trial_jobs,
 )
 from service.sweeps.expand import label, space, trials
@@ -83,10 +84,55 @@ def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str)
             db, sweep, FAILED, {"error": "no configuration was scored", **_counts(found)}
         )
     best = board["rows"][0]
+    if spec.keep == "best" and _write_best(db, settings, executor, sweep, found, best["config"]):
+        return False  # the best configuration, evaluated in memory, is being written
     if spec.keep == "best":
         _remove_evaluated(db, settings, sweep, found, keep={best["config"]})
     summary = {"best": {"config": best["config"], "mean": best["mean"]}, **_counts(found)}
+    written = [j for j in found if (j.request.get("sweep") or {}).get("kept")]
+    if written:
+        summary["written"] = [
+            {
+                "pair": j.request["sweep"]["pair"],
+                "merge_job_id": j.id,
+                "status": j.status,
+                "artifact_id": j.output_artifact_id,
+            }
+            for j in written
+        ]
     return _finish(db, sweep, SUCCEEDED, summary)
+
+
+def _write_best(
+    db: Database,
+    settings: Settings,
+    executor: Executor,
+    sweep: Sweep,
+    found: list[Job],
+    best: str,
+) -> bool:
+    """Queue ordinary merges of the best configuration where it was evaluated in memory (once;
+    the sweep row is locked so two reconcilers cannot both queue them). True if queued now."""
+    in_memory = [
+        j
+        for j in found
+        if j.kind == "evaluation"
+        and "layer_swap" in j.request["target"]
+        and j.request["sweep"]["config"] == best
+    ]
+    if not in_memory or any((j.request.get("sweep") or {}).get("kept") for j in found):
+        return False
+    with db.session() as session:
+        row = session.get(Sweep, sweep.id, with_for_update=True)
+        if row is None or row.status != RUNNING:
+            return False
+        merges = session.scalars(select(Job).where(Job.sweep_id == sweep.id, Job.kind == "merge"))
+        if any((j.request.get("sweep") or {}).get("kept") for j in merges):
+            return False  # another reconciler queued them first
+        made = add_kept_merges(session, settings, row, in_memory)
+    for job_id in made:
+        executor.dispatch(job_id, "merge")
+    return True
 
 
 def _counts(found: list[Job]) -> dict[str, Any]:

@@ -103,7 +103,12 @@ def add_trial_jobs(
         meta: dict[str, Any] = {"id": sweep.id, "config": trial.config, "pair": trial.pair}
         if trial.params is not None:
             meta["params"] = trial.params
-        if trial.recipe is not None:
+        if trial.recipe is not None and trial.in_memory:
+            kind = "evaluation"
+            target = {"layer_swap": trial.recipe}
+            request = {**evaluation_request(target, spec.evaluation), "sweep": meta}
+            name = f"evaluation-{job_id[:12]}"
+        elif trial.recipe is not None:
             kind = "merge"
             request = {**trial.recipe, "evaluation": spec.evaluation.model_dump(), "sweep": meta}
             name = f"sweep-{sweep.id[:8]}-{job_id[:8]}"
@@ -129,6 +134,37 @@ def add_trial_jobs(
         session.flush()
         jobs.add_event(session, job_id, jobs.QUEUED, sweep_id=sweep.id)
         made.append((job_id, kind))
+    return made
+
+
+def add_kept_merges(
+    session: Session, settings: Settings, sweep: Sweep, evaluated: list[Job]
+) -> list[str]:
+    """Ordinary merges (no evaluation: it is known) of configurations evaluated in memory
+    whose models are to be kept; their trial says `kept`."""
+    made = []
+    for evaluation in evaluated:
+        job_id = jobs.new_id()
+        request = {
+            **evaluation.request["target"]["layer_swap"],
+            "sweep": {**evaluation.request["sweep"], "kept": True},
+        }
+        session.add(
+            Job(
+                id=job_id,
+                tenant_id=sweep.tenant_id,
+                kind="merge",
+                status=jobs.QUEUED,
+                request=request,
+                request_hash=jobs.request_digest({"kind": "merge", **request}),
+                output_name=f"sweep-{sweep.id[:8]}-{job_id[:8]}",
+                max_attempts=settings.max_attempts,
+                sweep_id=sweep.id,
+            )
+        )
+        session.flush()
+        jobs.add_event(session, job_id, jobs.QUEUED, sweep_id=sweep.id, kept=True)
+        made.append(job_id)
     return made
 
 

@@ -36,6 +36,7 @@ class Trial:
     recipe: dict[str, Any] | None  # the merge; None for an expert evaluation
     source: str | None = None  # the expert evaluated, for an expert trial
     params: dict[str, Any] | None = None  # the layer-swap parameters, for searches
+    in_memory: bool = False  # evaluate `recipe` assembled in memory instead of merging it
 
 
 def scaled(layers: int, count: int) -> int:
@@ -130,7 +131,13 @@ def trials(
     experts (each evaluated once) too."""
     pairs = spec.expert_pairs()
     found = [
-        Trial(label(p), i, layer_swap_recipe(spec, pair, p), params=p.model_dump(mode="json"))
+        Trial(
+            label(p),
+            i,
+            layer_swap_recipe(spec, pair, p),
+            params=p.model_dump(mode="json"),
+            in_memory=spec.evaluates_in_memory,
+        )
         for p in configs
         for i, pair in enumerate(pairs)
     ]
@@ -182,16 +189,20 @@ def _common(spec: SweepCreate, recipe: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_count(found: list[Trial]) -> int:
-    """Jobs the trials create: a merge and its evaluation each; one evaluation per expert."""
-    return sum(2 if t.recipe is not None else 1 for t in found)
+    """Jobs the trials create: a merge and its evaluation each; one evaluation for a
+    configuration evaluated in memory and for an expert."""
+    return sum(2 if t.recipe is not None and not t.in_memory else 1 for t in found)
 
 
 def planned_jobs(spec: SweepCreate, layers: int) -> int:
     """All the jobs the sweep will have created by its end (optuna's later asks included)."""
     configs = initial_configurations(spec, layers)
     count = job_count(trials(spec, configs))
+    pairs = len(spec.expert_pairs())
     if spec.search.strategy == "optuna":
         assert spec.search.trials is not None
-        per_config = 2 * len(spec.expert_pairs())
+        per_config = (1 if spec.evaluates_in_memory else 2) * pairs
         count += min(spec.search.trials, len(space(spec, layers))) * per_config
+    if spec.evaluates_in_memory and spec.keep == "best":
+        count += pairs  # the best configuration, written at the end
     return count

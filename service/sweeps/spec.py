@@ -100,6 +100,12 @@ class SweepCreate(_Strict):
     objective: Objective
     search: Search = Search()
     keep: Literal["best", "all", "none"] = "best"
+    in_memory: bool = Field(
+        True,
+        description="evaluate layer-swap configurations assembled in memory, writing none "
+        "(with keep: best, the best configuration is written at the end); keep: all and the "
+        "vllm backend write every configuration",
+    )
     budget: int = Field(200, ge=1, le=MAX_BUDGET, description="most jobs the sweep may create")
     credential: Credential = None
 
@@ -123,6 +129,10 @@ class SweepCreate(_Strict):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: an expert is listed twice")
         return self
+
+    @property
+    def evaluates_in_memory(self) -> bool:
+        return self.in_memory and self.keep != "all" and self.evaluation.backend == "hf"
 
     def expert_pairs(self) -> list[Pair]:
         if self.pairs is not None:

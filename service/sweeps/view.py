@@ -43,10 +43,11 @@ def _trials(db: Database, sweep: Sweep, found: list[Job]) -> list[dict[str, Any]
     evaluation_of = {
         job.request.get("merge_job_id"): job for job in found if job.kind == "evaluation"
     }
+    merges = {job.id for job in found if job.kind == "merge"}
     listed = []
     for job in found:
         trial = job.request.get("sweep") or {}
-        if job.kind == "evaluation" and trial.get("pair") is not None:
+        if job.kind == "evaluation" and job.request.get("merge_job_id") in merges:
             continue  # shown with its merge
         evaluation = job if job.kind == "evaluation" else evaluation_of.get(job.id)
         score = None
@@ -63,6 +64,8 @@ def _trials(db: Database, sweep: Sweep, found: list[Job]) -> list[dict[str, Any]
                 "evaluation_job_id": evaluation.id if evaluation is not None else None,
                 "evaluation_status": evaluation.status if evaluation is not None else None,
                 "score": score,
+                "in_memory": job.kind == "evaluation" and "layer_swap" in job.request["target"],
+                "kept": bool(trial.get("kept")),  # the best configuration, written at the end
             }
         )
     return listed

@@ -85,18 +85,26 @@ def test_a_sweep_merges_evaluates_and_ranks(service: Service) -> None:
     created = submit(service, sweep_body(), **{"Idempotency-Key": "sweep-1"})
     again = submit(service, sweep_body(), **{"Idempotency-Key": "sweep-1"})
     assert again["id"] == created["id"]
-    # 4 pairs × (3 configurations + soup) merges and 4 experts' evaluations; each merge's
-    # evaluation is created when the merge succeeds.
-    assert created["progress"]["jobs"] == 4 * 4 + 4
+    # 4 pairs × 3 layer-swap configurations evaluated in memory, 4 soup merges, 4 experts'
+    # evaluations; each merge's evaluation is created when the merge succeeds.
+    assert created["progress"]["jobs"] == 4 * 3 + 4 + 4
     done = wait(service, created["id"])
     assert done["status"] == "succeeded", done["result"]
-    assert done["progress"]["jobs"] == 4 * 4 * 2 + 4
-    assert done["progress"]["by_status"] == {"succeeded": 36}
+    best_is_a_swap = done["result"]["best"]["config"] != "soup"
+    written = 4 if best_is_a_swap else 0  # the best configuration, written at the end
+    assert done["progress"]["jobs"] == 4 * 3 + 4 * 2 + 4 + written
+    assert done["progress"]["by_status"] == {"succeeded": 24 + written}
+    assert len(done["result"].get("written", [])) == written
 
     # Recompute the leaderboard from the jobs' own results.
     by_config: dict[str, dict[int, float]] = {}
     experts: dict[str, float] = {}
     for trial in done["trials"]:
+        if trial["kept"]:
+            assert trial["evaluation_job_id"] is None and trial["merge_status"] == "succeeded"
+            continue
+        assert trial["in_memory"] == (trial["config"] in LABELS)
+        assert (trial["artifact_id"] is None) == (trial["config"] != "soup")
         value = objective_of(service, trial["evaluation_job_id"])
         assert trial["score"] == value
         if trial["pair"] is None:
@@ -143,7 +151,8 @@ def test_a_sweep_merges_evaluates_and_ranks(service: Service) -> None:
     assert pixels.shape[0] >= 300 and pixels.shape[1] >= 500
     assert pixels.std() > 0.05  # not a blank canvas
 
-    # keep: best — only the best configuration's merged models are left on disk.
+    # keep: best — only the best configuration's merged models are on disk: the soups if the
+    # soup won, else the best layer swap written at the end (no other swap was ever written).
     best = board["rows"][0]["config"]
     assert done["result"]["best"] == {"config": best, "mean": board["rows"][0]["mean"]}
     for trial in done["trials"]:
@@ -153,7 +162,9 @@ def test_a_sweep_merges_evaluates_and_ranks(service: Service) -> None:
         kept = trial["config"] == best
         assert (artifact["deleted_at"] is None) == kept, trial
         assert Path(artifact["location"]).is_dir() == kept
-        assert artifact["scores"]  # scores stay with deleted artifacts
+        assert bool(artifact["scores"]) != trial["kept"]  # scores stay with deleted artifacts
+    on_disk = sorted((service.settings.artifacts_dir / "default").glob("sweep-*"))
+    assert len(on_disk) == 4
 
 
 @pytest.mark.parametrize("keep", ["none", "all"])
@@ -164,8 +175,9 @@ def test_keep_policies_leave_what_they_promise(service: Service, keep: str) -> N
     assert done["status"] == "succeeded", done["result"]
     outputs = sorted((service.settings.artifacts_dir / "default").glob("sweep-*"))
     merges = [t for t in done["trials"] if t["merge_job_id"]]
-    assert len(merges) == 2
+    assert len(merges) == (2 if keep == "all" else 0)  # keep none: evaluated in memory
     assert len(outputs) == (2 if keep == "all" else 0)
+    assert all(t["score"] is not None for t in done["trials"])
 
 
 def test_random_and_model_based_searches_respect_their_budget(service: Service) -> None:
@@ -222,10 +234,11 @@ def test_bad_sweeps_are_refused_with_nothing_queued(service: Service) -> None:
         assert response.status_code == 422, (field, response.text)
         assert field in response.text, (field, response.text)
     budget = service.client.post("/v1/sweeps", json=cases[0][0]).json()["error"]
-    # The (b, u) of the grid that fit 6 layers × 4 pairs × (merge + evaluation), the soup on
-    # 4 pairs × 2, and the 4 experts.
+    # The (b, u) of the grid that fit 6 layers × 4 pairs (evaluated in memory: one job each),
+    # the soup on 4 pairs × (merge + evaluation), the 4 experts, and the best configuration
+    # written for the 4 pairs at the end.
     fitting = sum(1 for b in range(6) for u in range(6) if b + u <= 6)
-    assert budget["details"]["jobs"] == fitting * 4 * 2 + 4 * 2 + 4
+    assert budget["details"]["jobs"] == fitting * 4 + 4 * 2 + 4 + 4
     assert "expands to" in budget["message"]
     assert service.client.get("/v1/sweeps").json()["items"] == []
     assert service.client.get("/v1/merges").json()["items"] == []

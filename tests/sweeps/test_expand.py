@@ -70,13 +70,20 @@ def test_trials_and_job_counts() -> None:
     merges = [t for t in found if t.recipe is not None]
     assert len(merges) == (2 + 1) * 2  # (2 configurations + soup) × 2 pairs
     assert sorted(t.source for t in found if t.recipe is None) == ["l1", "t1", "t2"]
-    assert planned_jobs(body, 6) == 2 * len(merges) + 3
+    # In memory (the default): one evaluation per layer-swap trial, a merge and an evaluation
+    # per soup, one evaluation per expert, and the best configuration written on both pairs.
+    assert [t.in_memory for t in merges] == [True] * 4 + [False] * 2
+    assert planned_jobs(body, 6) == 4 + 2 * 2 + 3 + 2
+    written = body.model_copy(update={"in_memory": False})
+    assert planned_jobs(written, 6) == 2 * len(merges) + 3
     swap = merges[0].recipe
     assert swap == {"method": "layer_swap", "experts": {"task": ["t1"], "language": ["l1"]},
                     "params": merges[0].params}  # fmt: skip
     optuna = spec(grid={"bottom": [0, 1, 2], "top": [1]},
                   search={"strategy": "optuna", "trials": 2})  # fmt: skip
-    assert planned_jobs(optuna, 6) == 2 * 2 * 2  # 2 trials × 2 pairs × (merge + evaluation)
+    assert planned_jobs(optuna, 6) == 2 * 2 + 2  # 2 trials × 2 pairs in memory + the best
+    kept = optuna.model_copy(update={"keep": "all"})  # written: merge + evaluation each
+    assert planned_jobs(kept, 6) == 2 * 2 * 2
 
 
 def test_optuna_asks_untried_configurations_deterministically() -> None:
