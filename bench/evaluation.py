@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ TASKS_DIR = ROOT / "worker" / "evaluation" / "tasks"
 def make_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     import torch
 
-    from worker.examples import make_checkpoint
+    from worker.examples import make_checkpoint, make_eval_data
 
     model = work / "model"
     if not (model / "config.json").is_file():
@@ -51,22 +53,7 @@ def make_inputs(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
             model, layers=args.layers, hidden=args.hidden, intermediate=args.hidden * 11 // 4,
             heads=8, kv_heads=4, dtype=torch.float32, seed=3,
         )  # fmt: skip
-    data = work / "eval-data"
-    folder = data / "mgsm" / "sw"
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def row(i: int, exemplar: bool) -> dict[str, Any]:
-        a, b = 3 + i, 4 + 2 * i
-        question = f"Juma ana machungwa {a} na anapewa {b} zaidi. Ana machungwa mangapi sasa?"
-        return {
-            "question": f"Question: {question}" if exemplar else question,
-            "answer": f"Step-by-Step Answer: {a} + {b} = {a + b}." if exemplar else None,
-            "answer_number": a + b,
-        }
-
-    for split, rows in (("train", [row(i, True) for i in range(8)]),
-                        ("test", [row(i, False) for i in range(8, 8 + args.docs)])):  # fmt: skip
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = make_eval_data(work / "eval-data", questions=args.docs)
     return model, data
 
 
@@ -116,19 +103,14 @@ def call(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         return dict(json.loads(response.read()))
 
 
-def api_job(
-    model: Path, data: Path, args: argparse.Namespace, env: dict[str, str], work: Path
-) -> float:
+@contextmanager
+def serving(work: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A `layerswap serve` on a fresh data directory (nothing reused from an earlier run):
+    its base URL and process id, once it answers."""
     port = free_port()
     data_dir = work / "service"
     shutil.rmtree(data_dir, ignore_errors=True)
-    server_env = {
-        **env,
-        "LAYERSWAP_DATA_DIR": str(data_dir),
-        "LAYERSWAP_PORT": str(port),
-        "LAYERSWAP_EVAL_DATA_DIR": str(data),
-        "LAYERSWAP_ALLOWED_ROOTS": json.dumps([str(model.parent)]),
-    }
+    server_env = {**env, "LAYERSWAP_DATA_DIR": str(data_dir), "LAYERSWAP_PORT": str(port)}
     log = (work / "serve.log").open("w")
     server = subprocess.Popen([str(BIN / "layerswap"), "serve"], env=server_env, stdout=log,
                               stderr=subprocess.STDOUT)  # fmt: skip
@@ -145,6 +127,22 @@ def api_job(
                         f"layerswap serve did not start: see {work / 'serve.log'}"
                     ) from e
                 time.sleep(0.2)
+        yield base, server.pid
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def api_job(
+    model: Path, data: Path, args: argparse.Namespace, env: dict[str, str], work: Path
+) -> float:
+    server_env = {
+        **env,
+        "LAYERSWAP_EVAL_DATA_DIR": str(data),
+        "LAYERSWAP_ALLOWED_ROOTS": json.dumps([str(model.parent)]),
+    }
+    with serving(work, server_env) as (base, _):
         evaluation = {"tasks": [TASK], "num_fewshot": 8, "batch_size": args.batch_size,
                       "max_gen_toks": args.max_gen_toks, "dtype": "float32"}  # fmt: skip
         started = time.perf_counter()
@@ -156,10 +154,6 @@ def api_job(
         if job["status"] != "succeeded":
             raise SystemExit(f"the evaluation job ended {job['status']}: {job['error']}")
         return seconds
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 def main() -> None:

@@ -141,15 +141,14 @@ def link_target(db: Database, job: Job) -> None:
     artifact_id = job.request["target"].get("artifact_id")
     if artifact_id:
         with db.session() as session:
-            session.add(
-                LineageEdge(
-                    job_id=job.id,
-                    artifact_id=artifact_id,
-                    direction="input",
-                    role="evaluated",
-                    label="model",
-                )
-            )
+            session.add(evaluated_edge(job.id, artifact_id))
+
+
+def evaluated_edge(job_id: str, artifact_id: str) -> LineageEdge:
+    """An evaluation's place in lineage: the model it measures, as its input."""
+    return LineageEdge(
+        job_id=job_id, artifact_id=artifact_id, direction="input", role="evaluated", label="model"
+    )
 
 
 def follow_up_evaluation(
@@ -165,30 +164,11 @@ def follow_up_evaluation(
     )
     if "sweep" in merge.request:  # a sweep's trial: its evaluation belongs to the sweep too
         request["sweep"] = merge.request["sweep"]
-    job_id = jobs.new_id()
-    job = Job(
-        id=job_id,
-        tenant_id=merge.tenant_id,
-        kind="evaluation",
-        status=jobs.QUEUED,
-        request=request,
-        request_hash=jobs.request_digest({"kind": "evaluation", **request}),
-        output_name=f"evaluation-{job_id[:12]}",
-        max_attempts=settings.max_attempts,
-        sweep_id=merge.sweep_id,
-    )
-    session.add(job)
-    session.flush()
-    session.add(
-        LineageEdge(
-            job_id=job.id,
-            artifact_id=artifact_id,
-            direction="input",
-            role="evaluated",
-            label="model",
-        )
-    )
-    jobs.add_event(session, job.id, jobs.QUEUED, merge_job_id=merge.id)
+    job = jobs.add_queued(
+        session, settings, tenant=merge.tenant_id, kind="evaluation", request=request,
+        sweep_id=merge.sweep_id, merge_job_id=merge.id,
+    )  # fmt: skip
+    session.add(evaluated_edge(job.id, artifact_id))
     return job
 
 

@@ -124,6 +124,37 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         return found, False
 
 
+def add_queued(
+    session: Session,
+    settings: Settings,
+    *,
+    tenant: str,
+    kind: str,
+    request: dict[str, Any],
+    output_name: str | None = None,
+    sweep_id: str | None = None,
+    **event: Any,
+) -> Job:
+    """A queued job made by the service itself (a merge's evaluation, a sweep's trials) in the
+    caller's transaction; the reconciler dispatches it if the caller does not."""
+    job_id = new_id()
+    job = Job(
+        id=job_id,
+        tenant_id=tenant,
+        kind=kind,
+        status=QUEUED,
+        request=request,
+        request_hash=request_digest({"kind": kind, **request}),
+        output_name=output_name or f"{kind}-{job_id[:12]}",
+        max_attempts=settings.max_attempts,
+        sweep_id=sweep_id,
+    )
+    session.add(job)
+    session.flush()
+    add_event(session, job_id, QUEUED, **event)
+    return job
+
+
 def _by_key(session: Session, new: NewJob, digest: str) -> Job | None:
     job = session.scalars(
         select(Job).where(Job.tenant_id == new.tenant, Job.idempotency_key == new.idempotency_key)

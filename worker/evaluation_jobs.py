@@ -20,6 +20,7 @@ from service import jobs
 from service.db.models import Artifact, EvaluationScore, Job, LineageEdge, utcnow
 from service.db.session import Database
 from service.errors import NotFound
+from service.evaluations import evaluated_edge
 from service.lineage import content_digest, get_or_create_artifact
 from service.settings import Settings
 from service.sources import resolve_source
@@ -351,15 +352,7 @@ def _link_evaluated(session: Session, job: Job, artifact_id: str) -> None:
         )
     )
     if exists is None:
-        session.add(
-            LineageEdge(
-                job_id=job.id,
-                artifact_id=artifact_id,
-                direction="input",
-                role="evaluated",
-                label="model",
-            )
-        )
+        session.add(evaluated_edge(job.id, artifact_id))
 
 
 def _update_model_card(

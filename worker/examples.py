@@ -260,7 +260,7 @@ def make_examples(out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def make_eval_data(out_dir: Path, language: str = "sw") -> Path:
+def make_eval_data(out_dir: Path, language: str = "sw", questions: int = 16) -> Path:
     """A few MGSM-format rows (made-up arithmetic, not MGSM itself) in the layout the shipped
     `mgsm_local_direct_<lang>` tasks read, so an evaluation can be tried without the dataset:
     <out_dir>/mgsm/<lang>/{train,test}.jsonl. Real data: scripts/export_mgsm.py."""
@@ -279,7 +279,7 @@ def make_eval_data(out_dir: Path, language: str = "sw") -> Path:
     folder = out_dir / "mgsm" / language
     folder.mkdir(parents=True, exist_ok=True)
     for split, rows in (("train", [row(i, True) for i in range(8)]),
-                        ("test", [row(i, False) for i in range(8, 24)])):  # fmt: skip
+                        ("test", [row(i, False) for i in range(8, 8 + questions)])):  # fmt: skip
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         (folder / f"{split}.jsonl").write_text(lines, encoding="utf-8")
     return out_dir

@@ -99,42 +99,32 @@ def add_trial_jobs(
     expert; each names its sweep and trial. Returns (id, kind) to dispatch after commit."""
     made = []
     for trial in found:
-        job_id = jobs.new_id()
         meta: dict[str, Any] = {"id": sweep.id, "config": trial.config, "pair": trial.pair}
         if trial.params is not None:
             meta["params"] = trial.params
         if trial.recipe is not None and trial.in_memory:
-            kind = "evaluation"
-            target = {"layer_swap": trial.recipe}
-            request = {**evaluation_request(target, spec.evaluation), "sweep": meta}
-            name = f"evaluation-{job_id[:12]}"
+            target: dict[str, Any] = {"layer_swap": trial.recipe}
         elif trial.recipe is not None:
-            kind = "merge"
             request = {**trial.recipe, "evaluation": spec.evaluation.model_dump(), "sweep": meta}
-            name = f"sweep-{sweep.id[:8]}-{job_id[:8]}"
+            made.append(_add(session, settings, sweep, "merge", request))
+            continue
         else:
             assert trial.source is not None
-            kind = "evaluation"
-            request = {**evaluation_request({"source": trial.source}, spec.evaluation),
-                       "sweep": meta}  # fmt: skip
-            name = f"evaluation-{job_id[:12]}"
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=sweep.tenant_id,
-                kind=kind,
-                status=jobs.QUEUED,
-                request=request,
-                request_hash=jobs.request_digest({"kind": kind, **request}),
-                output_name=name,
-                max_attempts=settings.max_attempts,
-                sweep_id=sweep.id,
-            )
-        )
-        session.flush()
-        jobs.add_event(session, job_id, jobs.QUEUED, sweep_id=sweep.id)
-        made.append((job_id, kind))
+            target = {"source": trial.source}
+        request = {**evaluation_request(target, spec.evaluation), "sweep": meta}
+        made.append(_add(session, settings, sweep, "evaluation", request))
     return made
+
+
+def _add(
+    session: Session, settings: Settings, sweep: Sweep, kind: str, request: dict[str, Any]
+) -> tuple[str, str]:
+    name = f"sweep-{sweep.id[:8]}-{jobs.new_id()[:8]}" if kind == "merge" else None
+    job = jobs.add_queued(
+        session, settings, tenant=sweep.tenant_id, kind=kind, request=request,
+        output_name=name, sweep_id=sweep.id, sweep=sweep.id,
+    )  # fmt: skip
+    return job.id, kind
 
 
 def add_kept_merges(
@@ -144,27 +134,11 @@ def add_kept_merges(
     whose models are to be kept; their trial says `kept`."""
     made = []
     for evaluation in evaluated:
-        job_id = jobs.new_id()
         request = {
             **evaluation.request["target"]["layer_swap"],
             "sweep": {**evaluation.request["sweep"], "kept": True},
         }
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=sweep.tenant_id,
-                kind="merge",
-                status=jobs.QUEUED,
-                request=request,
-                request_hash=jobs.request_digest({"kind": "merge", **request}),
-                output_name=f"sweep-{sweep.id[:8]}-{job_id[:8]}",
-                max_attempts=settings.max_attempts,
-                sweep_id=sweep.id,
-            )
-        )
-        session.flush()
-        jobs.add_event(session, job_id, jobs.QUEUED, sweep_id=sweep.id, kept=True)
-        made.append(job_id)
+        made.append(_add(session, settings, sweep, "merge", request)[0])
     return made
 
 
