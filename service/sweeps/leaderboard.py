@@ -110,7 +110,9 @@ def leaderboard(db: Database, settings: Settings, sweep: Sweep) -> dict[str, Any
         "objective": {
             "task": spec.objective.task,
             "metric": spec.objective.metric,
-            "filter": spec.objective.filter,
+            # as asked, or the one chosen when none was (the same for every score of a task)
+            "filter": spec.objective.filter
+            or next((c["filter"] for by in cells.values() for c in by.values()), None),
         },
         "pairs": len(pairs),
         "rows": rows,

@@ -170,9 +170,12 @@ def test_a_sweep_merges_evaluates_and_ranks(service: Service) -> None:
 @pytest.mark.parametrize("keep", ["none", "all"])
 def test_keep_policies_leave_what_they_promise(service: Service, keep: str) -> None:
     body = sweep_body(task_experts=["math"], language_experts=["swh"], baselines=[],
-                      configurations=CONFIGS[:2], keep=keep)  # fmt: skip
+                      configurations=CONFIGS[:2], keep=keep,
+                      objective={"task": TASK, "metric": "exact_match"})  # fmt: skip
     done = wait(service, submit(service, body)["id"])
     assert done["status"] == "succeeded", done["result"]
+    board = service.client.get(f"/v1/sweeps/{done['id']}/leaderboard").json()
+    assert board["objective"]["filter"] == "flexible-extract"  # the default's first choice
     outputs = sorted((service.settings.artifacts_dir / "default").glob("sweep-*"))
     merges = [t for t in done["trials"] if t["merge_job_id"]]
     assert len(merges) == (2 if keep == "all" else 0)  # keep none: evaluated in memory
