@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,7 @@ def _target(
     if is_hub_source(wanted.get("source", "")):
         return _hub_target(job, db, settings, lease, stack)
     if "layer_swap" in wanted:
-        return _in_memory_target(job, db, settings, lease)
+        return _in_memory_target(job, db, settings, lease, stack)
     if "artifact_id" in wanted:
         with db.session() as session:
             artifact = session.get(Artifact, wanted["artifact_id"])
@@ -266,17 +267,50 @@ def _hub_target(
     return Target(_artifact_for(db, job.tenant_id, source, files, view), view, model_digest(files))
 
 
-def _in_memory_target(job: Job, db: Database, settings: Settings, lease: JobLease) -> Target:
+def _in_memory_target(
+    job: Job, db: Database, settings: Settings, lease: JobLease, stack: ExitStack
+) -> Target:
     """A layer swap evaluated without writing it (sweeps): assembled from the experts in
-    memory, recorded as an `in_memory` artifact named by the model's digest."""
+    memory (Hub experts fetched as a merge fetches them: the shards the plan reads), recorded
+    as an `in_memory` artifact named by the model's digest."""
     from worker.engine.recipe import LayerSwapRecipe
     from worker.evaluation.in_memory import assemble
+    from worker.hub.credentials import token_for
+    from worker.hub.fetch import fetch_inputs, hub_sources
 
+    recipe = LayerSwapRecipe.model_validate(job.request["target"]["layer_swap"])
+
+    def local(source: str) -> Path:
+        return resolve_source(source, settings, job.tenant_id)
+
+    resolve: Callable[[str], Path] = local
+    known: dict[Path, str] = {}
+    if hub_sources(recipe):
+        lease.set_stage("downloading")
+        started = time.monotonic()
+
+        def downloaded(done: int, total: int) -> None:
+            elapsed = time.monotonic() - started
+            lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
+
+        fetched = fetch_inputs(
+            recipe,
+            cache_dir=settings.cache_dir / "hub",
+            token=token_for(
+                recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
+            ),
+            local=local,
+            on_progress=downloaded,
+            should_cancel=lease.should_cancel,
+        )
+        stack.callback(fetched.close)
+        resolve, known = fetched.resolver(local), fetched.digests
     lease.set_stage("assembling")
     built = assemble(
-        LayerSwapRecipe.model_validate(job.request["target"]["layer_swap"]),
-        resolve=lambda source: resolve_source(source, settings, job.tenant_id),
+        recipe,
+        resolve=resolve,
         hash_cache=settings.cache_dir / "sha256",
+        known_digests=known,
         should_cancel=lease.should_cancel,
     )
     config = built.model.config

@@ -53,8 +53,8 @@ def create_sweep(
             if (found := _by_key(session, tenant, idempotency_key, digest)) is not None:
                 return Created(found, False, [])
     check_spec(spec.evaluation, settings)
-    _check_sources(spec, settings, tenant)
-    layers = _num_layers(spec, settings, tenant)
+    spec, pins = _pinned(spec, settings, tenant)
+    layers = _num_layers(spec, settings, tenant, pins)
     try:
         planned = planned_jobs(spec, layers)
         first = trials(spec, initial_configurations(spec, layers))
@@ -111,6 +111,8 @@ def add_trial_jobs(
         else:
             assert trial.source is not None
             target = {"source": trial.source}
+            if is_hub_source(trial.source) and spec.credential is not None:
+                target["credential"] = spec.credential
         request = {**evaluation_request(target, spec.evaluation), "sweep": meta}
         made.append(_add(session, settings, sweep, "evaluation", request))
     return made
@@ -156,27 +158,66 @@ def _by_key(session: Session, tenant: str, key: str, digest: str) -> Sweep | Non
     return found
 
 
-def _check_sources(spec: SweepCreate, settings: Settings, tenant: str) -> None:
+def _pinned(
+    spec: SweepCreate, settings: Settings, tenant: str
+) -> tuple[SweepCreate, dict[str, Any]]:
+    """Local sources checked against the allowed roots; Hub sources pinned to the commit their
+    revision points at now (each once), and the spec rewritten with the pins, so every job of
+    the sweep reads the same commits. Returns the spec and pinned source -> PinnedRepo."""
+    from worker.hub.credentials import token_for
+    from worker.hub.errors import HubError
+    from worker.hub.pin import pin
+    from worker.hub.refs import parse_hub_source
+
     named = [(f"task_experts.{i}", s) for i, s in enumerate(spec.task_experts)]
     named += [(f"language_experts.{i}", s) for i, s in enumerate(spec.language_experts)]
     if spec.base is not None:
         named.append(("base", spec.base))
+    pins: dict[str, Any] = {}
     for field, source in named:
-        if is_hub_source(source):
-            raise InvalidRequest(
-                f"{field}: sweeps read local checkpoints (hf:// sources are not supported in "
-                "sweeps yet; merge or evaluate Hub models directly)",
-                details={"field": field},
-            )
-        resolve_source(source, settings, tenant, field=field)
+        if not is_hub_source(source):
+            resolve_source(source, settings, tenant, field=field)
+            continue
+        if source in pins:
+            continue
+        try:
+            ref = parse_hub_source(source)
+        except ValueError as e:
+            raise InvalidRequest(f"{field}: {e}", details={"field": field}) from None
+        token = token_for(spec.credential, tenant=tenant, credentials=settings.hub_credentials)
+        try:
+            pins[source] = pin(ref, token)
+        except HubError as e:
+            e.details.setdefault("field", field)
+            raise
+    if not pins:
+        return spec, {}
+
+    def pinned(source: str) -> str:
+        return str(pins[source].source) if source in pins else source
+
+    body = spec.model_dump(mode="json")
+    body["task_experts"] = [pinned(s) for s in spec.task_experts]
+    body["language_experts"] = [pinned(s) for s in spec.language_experts]
+    if spec.base is not None:
+        body["base"] = pinned(spec.base)
+    if spec.pairs is not None:
+        body["pairs"] = [{"task": pinned(p.task), "language": pinned(p.language)}
+                         for p in spec.pairs]  # fmt: skip
+    return SweepCreate.model_validate(body), {pinned(s): p for s, p in pins.items()}
 
 
-def _num_layers(spec: SweepCreate, settings: Settings, tenant: str) -> int:
+def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[str, Any]) -> int:
     """The depth presets are scaled to: the first task expert's num_hidden_layers (the
     recipes' checks make sure every expert of a pair agrees)."""
-    path = resolve_source(spec.task_experts[0], settings, tenant, field="task_experts.0")
+    first = spec.task_experts[0]
+    if first in pins:
+        config_file = _hub_config(pins[first], spec, settings, tenant)
+    else:
+        path = resolve_source(first, settings, tenant, field="task_experts.0")
+        config_file = Path(path) / "config.json"
     try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(config_file.read_text(encoding="utf-8"))
         layers = config.get("num_hidden_layers") or config.get("text_config", {}).get(
             "num_hidden_layers"
         )
@@ -188,6 +229,22 @@ def _num_layers(spec: SweepCreate, settings: Settings, tenant: str) -> int:
             details={"field": "task_experts.0"},
         )
     return layers
+
+
+def _hub_config(pinned: Any, spec: SweepCreate, settings: Settings, tenant: str) -> Path:
+    """config.json of a pinned Hub model, through the Hub cache the workers use."""
+    from huggingface_hub import hf_hub_download
+
+    from worker.hub.credentials import token_for
+    from worker.hub.errors import hub_errors
+
+    token = token_for(spec.credential, tenant=tenant, credentials=settings.hub_credentials)
+    with hub_errors(f"{pinned.source}/config.json"):
+        path = hf_hub_download(
+            pinned.repo, "config.json", revision=pinned.sha,
+            cache_dir=settings.cache_dir / "hub" / "files", token=token or False,
+        )  # fmt: skip
+    return Path(str(path))
 
 
 def _check_recipes(found: list[Trial], spec: SweepCreate, settings: Settings, tenant: str) -> None:

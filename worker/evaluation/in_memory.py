@@ -49,6 +49,7 @@ def assemble(
     resolve: Callable[[str], Path],
     *,
     hash_cache: Path | None = None,
+    known_digests: dict[Path, str] | None = None,  # Hub LFS files: their sha256 is known
     should_cancel: Callable[[], bool] | None = None,
 ) -> Assembled:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +70,7 @@ def assemble(
 
                 raise MergeCanceled("canceled while assembling the model")
             if tensor.op == "copy":
-                state[tensor.name] = _tensors(plan.checkpoints[tensor.terms[0].source])[tensor.name]
+                state[tensor.name] = _tensor(plan.checkpoints[tensor.terms[0].source], tensor.name)
                 referenced += 1
             elif tensor.op == "linear":
                 whole = torch.cat([c.reshape(-1) for c in kernels.chunks(tensor)])
@@ -81,7 +82,8 @@ def assemble(
             {
                 "label": ref.label,
                 "files": {
-                    f.name: file_sha256(f, hash_cache, should_cancel)
+                    f.name: (known_digests or {}).get(f)
+                    or file_sha256(f, hash_cache, should_cancel)
                     for f in sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
                 },
             }
@@ -123,29 +125,30 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _tensors(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
-    """Every tensor of `checkpoint`, loaded once and held while it is among the last used."""
-    from safetensors.torch import load_file
+def _tensor(checkpoint: Checkpoint, name: str) -> torch.Tensor:
+    """One tensor of `checkpoint`, read once and held while the checkpoint is among the last
+    used. Only tensors asked for are read: a Hub input may hold just the shards a plan reads
+    (the others are header-only files)."""
+    from worker.engine.tensor_io import read_elements
 
     key = (
-        str(checkpoint.path),
+        str(checkpoint.path.resolve()),
         *(
-            (str(f), (s := f.stat()).st_size, s.st_mtime_ns, s.st_ino)
+            (str(f.resolve()), (s := f.stat()).st_size, s.st_mtime_ns, s.st_ino)
             for f in checkpoint.weight_files
         ),
     )
     with _lock:
-        if key in _held:
-            _held.move_to_end(key)
-            return _held[key]
-    tensors: dict[str, torch.Tensor] = {}
-    for file in checkpoint.weight_files:
-        tensors.update(load_file(str(file)))
-    with _lock:
-        _held[key] = tensors
+        tensors = _held.setdefault(key, {})
+        _held.move_to_end(key)
         while len(_held) > MAX_HELD:
             _held.popitem(last=False)
-    return tensors
+        if name in tensors:
+            return tensors[name]
+    info = checkpoint.tensors[name]
+    tensor = read_elements(checkpoint, info, 0, _numel(info.shape)).view(info.shape)
+    with _lock:
+        return tensors.setdefault(name, tensor)
 
 
 def held() -> int:
