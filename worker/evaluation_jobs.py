@@ -79,6 +79,18 @@ def task_files_digest(tasks_dir: Path | None) -> str:
     return digest.hexdigest()
 
 
+def stage_progress(lease: JobLease, stage: str) -> Callable[[int, int], None]:
+    """Enter `stage`; the sink its (done, total) progress goes to (requests or bytes), with
+    the time since the stage began (for the ETA)."""
+    lease.set_stage(stage)
+    started = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        lease.progress(Progress(stage, done, total, 0, 0, time.monotonic() - started))
+
+    return report
+
+
 @dataclass(frozen=True)
 class Target:
     artifact_id: str
@@ -111,13 +123,7 @@ def _evaluate_target(
     seconds = 0.0
     requests_run: dict[str, int] = {}
     if to_run:
-        lease.set_stage("evaluating")
-        started = time.monotonic()
-
-        def progress(done: int, total: int) -> None:
-            elapsed = time.monotonic() - started
-            lease.progress(Progress("evaluating", done, total, 0, 0, elapsed))
-
+        progress = stage_progress(lease, "evaluating")
         outcome = evaluate(
             target.location,
             spec.model_copy(update={"tasks": to_run}),
@@ -238,12 +244,6 @@ def _hub_target(
     from worker.hub.fetch import fetch_model
 
     source = job.request["target"]["source"]  # pinned to a commit sha at submit
-    lease.set_stage("downloading")
-    started = time.monotonic()
-
-    def downloaded(done: int, total: int) -> None:
-        lease.progress(Progress("downloading", done, total, 0, 0, time.monotonic() - started))
-
     token = token_for(
         job.request["target"].get("credential"),
         tenant=job.tenant_id,
@@ -253,7 +253,7 @@ def _hub_target(
         source,
         cache_dir=settings.cache_dir / "hub",
         token=token,
-        on_progress=downloaded,
+        on_progress=stage_progress(lease, "downloading"),
         should_cancel=lease.should_cancel,
     )
     stack.callback(fetched.close)
@@ -286,13 +286,6 @@ def _in_memory_target(
     resolve: Callable[[str], Path] = local
     known: dict[Path, str] = {}
     if hub_sources(recipe):
-        lease.set_stage("downloading")
-        started = time.monotonic()
-
-        def downloaded(done: int, total: int) -> None:
-            elapsed = time.monotonic() - started
-            lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
-
         fetched = fetch_inputs(
             recipe,
             cache_dir=settings.cache_dir / "hub",
@@ -300,7 +293,7 @@ def _in_memory_target(
                 recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
             ),
             local=local,
-            on_progress=downloaded,
+            on_progress=stage_progress(lease, "downloading"),
             should_cancel=lease.should_cancel,
         )
         stack.callback(fetched.close)
