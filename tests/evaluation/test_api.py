@@ -22,7 +22,7 @@ from tests.evaluation.conftest import (
     normalise,
     reference_answer,
 )
-from tests.service.conftest import TERMINAL, Service, layer_swap, running_service
+from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import metric
 from worker.engine.digests import file_sha256
 
@@ -36,18 +36,6 @@ def service(
 ) -> Iterator[Service]:
     with running_service(tmp_path, database_url, examples, eval_data_dir=math_expert.data_dir) as s:
         yield s
-
-
-def wait(
-    service: Service, job_id: str, kind: str = "evaluations", timeout: float = 120
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = service.client.get(f"/v1/{kind}/{job_id}").json()
-        if job["status"] in TERMINAL:
-            return dict(job)
-        assert time.monotonic() < deadline, f"{kind} {job_id} still {job['status']}"
-        time.sleep(0.05)
 
 
 def expected_accuracy(model_dir: Path, model: Model) -> float:
@@ -76,7 +64,7 @@ def test_a_merge_with_an_evaluation_block_is_evaluated_and_compared(
     done = service.wait(merge["id"])
     assert done["status"] == "succeeded", done["error"]
     evaluation_id = done["result"]["evaluation"]["job_id"]
-    evaluated = wait(service, evaluation_id)
+    evaluated = service.wait(evaluation_id, kind="evaluations")
     assert evaluated["status"] == "succeeded", evaluated["error"]
     assert evaluated["request"]["merge_job_id"] == merge["id"]
     output = Path(done["output"]["location"])
@@ -108,7 +96,7 @@ def test_a_merge_with_an_evaluation_block_is_evaluated_and_compared(
             "/v1/evaluations", json={"source": expert, "evaluation": EVALUATION}
         )
         assert job.status_code == 202, job.text
-        assert wait(service, job.json()["id"])["status"] == "succeeded"
+        assert service.wait(job.json()["id"], kind="evaluations")["status"] == "succeeded"
     view = service.client.get(f"/v1/merges/{merge['id']}").json()
     (row,) = [
         r for r in view["result"]["evaluation"]["comparison"] if r["filter"] == "remove_whitespace"
@@ -143,7 +131,9 @@ def test_an_equal_evaluation_is_answered_from_stored_scores(
     service: Service, math_expert: Model
 ) -> None:
     body = {"source": "math", "evaluation": EVALUATION}
-    first = wait(service, service.client.post("/v1/evaluations", json=body).json()["id"])
+    first = service.wait(
+        service.client.post("/v1/evaluations", json=body).json()["id"], kind="evaluations"
+    )
     assert first["status"] == "succeeded" and first["result"]["ran"] == [TASK]
     samples = service.client.get(f"/v1/evaluations/{first['id']}/samples")
     assert samples.status_code == 200
@@ -151,15 +141,17 @@ def test_an_equal_evaluation_is_answered_from_stored_scores(
     assert {r["doc_id"] for r in records} == set(range(len(QUESTIONS)))
     assert all({"prompt", "response", "extracted", "target", "correct"} <= set(r) for r in records)
 
-    second = wait(service, service.client.post("/v1/evaluations", json=body).json()["id"])
+    second = service.wait(
+        service.client.post("/v1/evaluations", json=body).json()["id"], kind="evaluations"
+    )
     assert second["result"]["ran"] == []
     assert second["result"]["reused"] == [{"task": TASK, "job_id": first["id"]}]
     assert exact_match(second["result"]["scores"]) == exact_match(first["result"]["scores"])
     assert service.client.get(f"/v1/evaluations/{second['id']}/samples").status_code == 404
 
-    other = wait(service, service.client.post(
+    other = service.wait(service.client.post(
         "/v1/evaluations", json={**body, "evaluation": {**EVALUATION, "max_gen_toks": 3}}
-    ).json()["id"])  # fmt: skip
+    ).json()["id"], kind="evaluations")  # fmt: skip
     assert other["result"]["ran"] == [TASK]  # other settings: measured again
 
     artifact_id = first["result"]["artifact_id"]
@@ -242,7 +234,7 @@ def test_a_failed_evaluation_keeps_the_merged_model(
     ) as service:
         merge = service.wait(service.submit({**layer_swap(), "evaluation": EVALUATION})["id"])
         assert merge["status"] == "succeeded"
-        evaluated = wait(service, merge["result"]["evaluation"]["job_id"])
+        evaluated = service.wait(merge["result"]["evaluation"]["job_id"], kind="evaluations")
         assert evaluated["status"] == "failed"
         assert evaluated["error"]["code"] == "evaluation_failed"
         assert "mgsm/sw/train.jsonl" in evaluated["error"]["message"]
@@ -280,6 +272,6 @@ def test_a_running_evaluation_is_canceled_between_batches(
         assert seen["progress"]["total"] == many
         canceled = service.client.post(f"/v1/evaluations/{job['id']}/cancel")
         assert canceled.status_code == 202
-        ended = wait(service, job["id"])
+        ended = service.wait(job["id"], kind="evaluations")
         assert ended["status"] == "canceled"
         assert ended["progress"]["done"] < many

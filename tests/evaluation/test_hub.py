@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from tests.evaluation.conftest import Model
-from tests.evaluation.test_api import EVALUATION, exact_match, wait
+from tests.evaluation.test_api import EVALUATION, exact_match
 from tests.service.conftest import layer_swap, running_service
 from tests.service.test_hub_api import upload
 
@@ -31,7 +31,7 @@ def test_results_are_committed_to_the_hub_once(
                 "output": {"name": "merged", "hub": hub_output}}  # fmt: skip
         merge = service.wait(service.submit(body)["id"])
         assert merge["status"] == "succeeded", merge["error"]
-        evaluated = wait(service, merge["result"]["evaluation"]["job_id"])
+        evaluated = service.wait(merge["result"]["evaluation"]["job_id"], kind="evaluations")
         assert evaluated["status"] == "succeeded", evaluated["error"]
         (commit,) = evaluated["result"]["card"]["hub_commits"]
         assert hub.head("team-a/merged") == commit
@@ -53,7 +53,7 @@ def test_results_are_committed_to_the_hub_once(
             "/v1/evaluations",
             json={"artifact_id": merge["output"]["artifact_id"], "evaluation": EVALUATION},
         )
-        repeated = wait(service, again.json()["id"])["result"]
+        repeated = service.wait(again.json()["id"], kind="evaluations")["result"]
         assert repeated["reused"] and repeated["card"] == {"updated": False, "hub_commits": []}
         assert [c.title for c in hub.commits("team-a/merged")] == titles
         assert TOKEN not in service.client.get(f"/v1/evaluations/{again.json()['id']}").text
@@ -77,7 +77,7 @@ def test_a_hub_model_is_pinned_at_submit_and_evaluated(
         assert submitted.json()["request"]["target"]["source"] == f"hf://team-a/math@{sha}"
         hub.commit("team-a/math", {"config.json": b"{}"}, message="break main")  # after submit
 
-        done = wait(service, submitted.json()["id"])
+        done = service.wait(submitted.json()["id"], kind="evaluations")
         assert done["status"] == "succeeded", done["error"]
         assert exact_match(done["result"]["scores"]) == sum(math_expert.right) / len(
             math_expert.right

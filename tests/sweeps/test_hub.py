@@ -12,7 +12,6 @@ import pytest
 
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
-from tests.evaluation.test_api import wait as wait_job
 from tests.service.conftest import Service, running_service
 from tests.service.test_hub_api import upload
 from tests.sweeps.test_api import OBJECTIVE, objective_of, submit, wait
@@ -59,7 +58,7 @@ def test_a_sweep_of_hub_experts(service: Service, examples: Path, hub: Any) -> N
         "/v1/evaluations", json={"artifact_id": kept["artifact_id"], "evaluation": EVALUATION}
     )
     assert again.status_code == 202, again.text
-    evaluated = wait_job(service, again.json()["id"])
+    evaluated = service.wait(again.json()["id"], kind="evaluations")
     assert evaluated["result"]["ran"] == [TASK]
     assert objective_of(service, evaluated["id"]) == in_memory[best]
 

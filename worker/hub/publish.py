@@ -14,14 +14,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.engine.digests import file_sha256
 from worker.engine.recipe import HubDestination
 from worker.hub.errors import HubError, HubRateLimited, HubUnavailable, hub_errors
 
+T = TypeVar("T")
 log = logging.getLogger("layerswap.hub")
 ATTEMPTS = 4
 
@@ -48,14 +50,23 @@ def publish(
 ) -> Published:
     """Commit every file of `out_dir` to `dest` (creating the repository and branch if
     needed). Transient failures are retried; each retry starts by checking the branch head."""
+    return _retrying(
+        lambda: _publish_once(out_dir, dest, token=token, job_id=job_id, digests=digests or {}),
+        f"publishing job {job_id}",
+    )
+
+
+def _retrying(attempt: Callable[[], T], what: str) -> T:
+    """`attempt`, tried again with exponential backoff while the Hub rate-limits or is away.
+    Each try must start by reading the branch head, so a retry never commits twice."""
     pause = 1.0
-    for attempt in range(1, ATTEMPTS + 1):
+    for n in range(1, ATTEMPTS + 1):
         try:
-            return _publish_once(out_dir, dest, token=token, job_id=job_id, digests=digests or {})
+            return attempt()
         except (HubUnavailable, HubRateLimited) as e:
-            if attempt == ATTEMPTS:
+            if n == ATTEMPTS:
                 raise
-            log.warning("publishing job %s: %s; retrying in %.0f s", job_id, e.message, pause)
+            log.warning("%s: %s; retrying in %.0f s", what, e.message, pause)
             time.sleep(pause)
             pause *= 2
     raise AssertionError("unreachable")
@@ -131,30 +142,24 @@ def publish_card(
 
     api = HfApi(token=token or False)
     where = f"hf://{repo}@{branch}"
-    pause = 1.0
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            with hub_errors(where):
-                head = api.model_info(repo, revision=branch, files_metadata=True)
-                remote = {s.rfilename: s.blob_id for s in head.siblings or []}
-                changed = [n for n in names if remote.get(n) != _git_blob_id(out_dir / n)]
-                if not changed:
-                    return None
-                info = api.create_commit(
-                    repo_id=repo,
-                    revision=branch,
-                    operations=[
-                        CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(out_dir / n))
-                        for n in changed
-                    ],
-                    commit_message=message,
-                    parent_commit=head.sha,
-                )
-            return str(getattr(info, "oid", "") or "") or None
-        except (HubUnavailable, HubRateLimited) as e:
-            if attempt == ATTEMPTS:
-                raise
-            log.warning("%s: %s; retrying in %.0f s", where, e.message, pause)
-            time.sleep(pause)
-            pause *= 2
-    raise AssertionError("unreachable")
+
+    def commit_once() -> str | None:
+        with hub_errors(where):
+            head = api.model_info(repo, revision=branch, files_metadata=True)
+            remote = {s.rfilename: s.blob_id for s in head.siblings or []}
+            changed = [n for n in names if remote.get(n) != _git_blob_id(out_dir / n)]
+            if not changed:
+                return None
+            info = api.create_commit(
+                repo_id=repo,
+                revision=branch,
+                operations=[
+                    CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(out_dir / n))
+                    for n in changed
+                ],
+                commit_message=message,
+                parent_commit=head.sha,
+            )
+        return str(getattr(info, "oid", "") or "") or None
+
+    return _retrying(commit_once, where)
