@@ -31,8 +31,9 @@ from service.sweeps.create import (
     FAILED,
     RUNNING,
     SUCCEEDED,
-    add_kept_merges,
+    add_final_merges,
     add_trial_jobs,
+    trial_of,
 )
 from service.sweeps.expand import label, space, trials
 from service.sweeps.leaderboard import children, leaderboard, objective_score
@@ -84,52 +85,82 @@ def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str)
             db, sweep, FAILED, {"error": "no configuration was scored", **_counts(found)}
         )
     best = board["rows"][0]
-    if spec.keep == "best" and _write_best(db, settings, executor, sweep, found, best["config"]):
-        return False  # the best configuration, evaluated in memory, is being written
+    if _final_merges(db, settings, executor, sweep, spec, found, best["config"]):
+        return False  # the best configuration is being written or published
     if spec.keep == "best":
         _remove_evaluated(db, settings, sweep, found, keep={best["config"]})
     summary = {"best": {"config": best["config"], "mean": best["mean"]}, **_counts(found)}
-    written = [j for j in found if (j.request.get("sweep") or {}).get("kept")]
-    if written:
-        summary["written"] = [
-            {
-                "pair": j.request["sweep"]["pair"],
-                "merge_job_id": j.id,
-                "status": j.status,
-                "artifact_id": j.output_artifact_id,
-            }
-            for j in written
-        ]
+    final = [j for j in found if trial_of(j).get("kept")]
+    if final:
+        summary["written"] = [_written(j) for j in final]
+    failed = [j for j in final if j.status != jobs.SUCCEEDED]
+    if failed:
+        code = (failed[0].error or {}).get("code", failed[0].status)
+        summary["error"] = (
+            f"{len(failed)} of the best configuration's final merges did not succeed "
+            f"(merge job {failed[0].id}: {code})"
+        )
+        return _finish(db, sweep, FAILED, summary)
     return _finish(db, sweep, SUCCEEDED, summary)
 
 
-def _write_best(
+def _written(job: Job) -> dict[str, Any]:
+    trial = trial_of(job)
+    entry = {
+        "pair": trial["pair"],
+        "merge_job_id": job.id,
+        "status": job.status,
+        "artifact_id": job.output_artifact_id,
+    }
+    if "published_to" in trial:
+        entry["published_to"] = trial["published_to"]
+        entry["published"] = (job.result or {}).get("published")
+    return entry
+
+
+def _final_merges(
     db: Database,
     settings: Settings,
     executor: Executor,
     sweep: Sweep,
+    spec: SweepCreate,
     found: list[Job],
     best: str,
 ) -> bool:
-    """Queue ordinary merges of the best configuration where it was evaluated in memory (once;
-    the sweep row is locked so two reconcilers cannot both queue them). True if queued now."""
-    in_memory = [
-        j
-        for j in found
-        if j.kind == "evaluation"
-        and "layer_swap" in j.request["target"]
-        and j.request["sweep"]["config"] == best
-    ]
-    if not in_memory or any((j.request.get("sweep") or {}).get("kept") for j in found):
+    """Queue, once, the merges that end the sweep: the best configuration written for each pair
+    where it was evaluated in memory (keep: best), and published where `publish_best` asks. The
+    sweep row is locked so two reconcilers cannot both queue them. True if queued now."""
+    if spec.publish_best is None and spec.keep != "best":
+        return False
+    if any(trial_of(j).get("kept") for j in found):
+        return False
+
+    def wanted(job: Job) -> bool:
+        trial = trial_of(job)
+        if trial.get("config") != best or trial.get("pair") is None:
+            return False
+        if job.kind == "evaluation" and "layer_swap" in job.request["target"]:
+            return job.status == jobs.SUCCEEDED  # evaluated in memory: written now
+        return spec.publish_best is not None and job.kind == "merge"
+
+    chosen = [j for j in found if wanted(j)]
+    if spec.publish_best is not None:  # a written merge whose evaluation failed: not scored
+        scored = {
+            trial_of(j)["pair"] for j in found
+            if j.kind == "evaluation" and j.status == jobs.SUCCEEDED
+            and trial_of(j).get("config") == best
+        }  # fmt: skip
+        chosen = [j for j in chosen if trial_of(j)["pair"] in scored]
+    if not chosen:
         return False
     with db.session() as session:
         row = session.get(Sweep, sweep.id, with_for_update=True)
         if row is None or row.status != RUNNING:
             return False
         merges = session.scalars(select(Job).where(Job.sweep_id == sweep.id, Job.kind == "merge"))
-        if any((j.request.get("sweep") or {}).get("kept") for j in merges):
+        if any(trial_of(j).get("kept") for j in merges):
             return False  # another reconciler queued them first
-        made = add_kept_merges(session, settings, row, in_memory)
+        made = add_final_merges(session, settings, row, spec, chosen)
     for job_id in made:
         executor.dispatch(job_id, "merge")
     return True

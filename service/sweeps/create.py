@@ -53,6 +53,12 @@ def create_sweep(
             if (found := _by_key(session, tenant, idempotency_key, digest)) is not None:
                 return Created(found, False, [])
     check_spec(spec.evaluation, settings)
+    if spec.publish_best is not None:
+        from worker.hub.credentials import token_for
+
+        credentials = settings.hub_credentials
+        token_for(spec.publish_best.credential, tenant=tenant, credentials=credentials,
+                  field="publish_best.credential")  # fmt: skip
     spec, pins = _pinned(spec, settings, tenant)
     layers = _num_layers(spec, settings, tenant, pins)
     try:
@@ -129,18 +135,26 @@ def _add(
     return job.id, kind
 
 
-def add_kept_merges(
-    session: Session, settings: Settings, sweep: Sweep, evaluated: list[Job]
+def add_final_merges(
+    session: Session, settings: Settings, sweep: Sweep, spec: SweepCreate, best: list[Job]
 ) -> list[str]:
-    """Ordinary merges (no evaluation: it is known) of configurations evaluated in memory
-    whose models are to be kept; their trial says `kept`."""
+    """Ordinary merges (no evaluation: it is known) of the best configuration: written where it
+    was evaluated in memory, and published where `publish_best` asks (a configuration written
+    before is reused, not merged again). Their trial says `kept`."""
     made = []
-    for evaluation in evaluated:
-        request = {
-            **evaluation.request["target"]["layer_swap"],
-            "sweep": {**evaluation.request["sweep"], "kept": True},
-        }
-        made.append(_add(session, settings, sweep, "merge", request)[0])
+    pairs = spec.expert_pairs()
+    for job in best:
+        trial = trial_of(job)
+        if job.kind == "evaluation":
+            recipe = dict(job.request["target"]["layer_swap"])
+        else:
+            recipe = {k: v for k, v in job.request.items() if k not in ("evaluation", "sweep")}
+        trial["kept"] = True
+        if spec.publish_best is not None:
+            hub = spec.publish_best.model_dump(mode="json")
+            hub["repo"] = trial["published_to"] = spec.publish_repo(pairs[int(trial["pair"])])
+            recipe["output"] = {**(recipe.get("output") or {}), "hub": hub}
+        made.append(_add(session, settings, sweep, "merge", {**recipe, "sweep": trial})[0])
     return made
 
 

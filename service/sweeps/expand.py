@@ -203,6 +203,6 @@ def planned_jobs(spec: SweepCreate, layers: int) -> int:
         assert spec.search.trials is not None
         per_config = (1 if spec.evaluates_in_memory else 2) * pairs
         count += min(spec.search.trials, len(space(spec, layers))) * per_config
-    if spec.evaluates_in_memory and spec.keep == "best":
-        count += pairs  # the best configuration, written at the end
+    if (spec.evaluates_in_memory and spec.keep == "best") or spec.publish_best is not None:
+        count += pairs  # the best configuration, written or published at the end
     return count

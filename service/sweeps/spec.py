@@ -3,11 +3,18 @@ baselines on the same pairs, the evaluation, the objective, the search and what 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from worker.engine.recipe import Credential, LayerSwapParams, Source
+from worker.engine.recipe import (
+    HUB_REPO_PATTERN,
+    Credential,
+    HubDestination,
+    LayerSwapParams,
+    Source,
+)
 from worker.evaluation.spec import EvaluationSpec
 
 MAX_EXPERTS = 16
@@ -46,6 +53,24 @@ class Grid(_Strict):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: a value is listed twice")
         return self
+
+
+class PublishBest(HubDestination):
+    """Where the best configuration's model of each pair is published. `repo` may name the
+    pair's experts as `{task}` and `{language}` (their repository or directory names); with
+    several pairs it must, so that each pair gets its own repository."""
+
+    repo: str = Field(
+        pattern=r"^[A-Za-z0-9{][A-Za-z0-9._{}-]{0,95}/[A-Za-z0-9{][A-Za-z0-9._{}-]{0,95}$",
+        description="org/name, e.g. acme/llama-{task}-{language}-swap; created if missing",
+    )
+
+
+def short_name(source: str) -> str:
+    """A source's last name without revision: hf://org/math-7b@abc -> math-7b."""
+    name = source.split("@", 1)[0] if source.startswith("hf://") else source
+    name = name.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
 class Baseline(_Strict):
@@ -106,6 +131,9 @@ class SweepCreate(_Strict):
         "(with keep: best, the best configuration is written at the end); keep: all and the "
         "vllm backend write every configuration",
     )
+    publish_best: PublishBest | None = Field(
+        None, description="publish the best configuration's model of each pair to the Hub"
+    )
     budget: int = Field(200, ge=1, le=MAX_BUDGET, description="most jobs the sweep may create")
     credential: Credential = None
 
@@ -128,7 +156,28 @@ class SweepCreate(_Strict):
             values = getattr(self, name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: an expert is listed twice")
+        if self.publish_best is not None:
+            repos = [self.publish_repo(pair) for pair in self.expert_pairs()]
+            for repo in repos:
+                if not re.match(HUB_REPO_PATTERN, repo):
+                    raise ValueError(f"publish_best.repo: {repo!r} is not a Hub repository name")
+            if len(set(repos)) != len(repos):
+                raise ValueError(
+                    "publish_best.repo: pairs would share a repository; name the experts in "
+                    "it with {task} and/or {language}"
+                )
         return self
+
+    def publish_repo(self, pair: Pair) -> str:
+        assert self.publish_best is not None
+        try:
+            return self.publish_best.repo.format(
+                task=short_name(pair.task), language=short_name(pair.language)
+            )
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(
+                "publish_best.repo: only {task} and {language} may be named in braces"
+            ) from None
 
     @property
     def evaluates_in_memory(self) -> bool:

@@ -66,6 +66,7 @@ def _trials(db: Database, sweep: Sweep, found: list[Job]) -> list[dict[str, Any]
                 "score": score,
                 "in_memory": job.kind == "evaluation" and "layer_swap" in job.request["target"],
                 "kept": bool(trial.get("kept")),  # the best configuration, written at the end
+                "published_to": trial.get("published_to"),
             }
         )
     return listed
