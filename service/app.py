@@ -7,13 +7,23 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import analyses, artifacts, errors, evaluations, merges, meta, sweeps
+from service.api import (
+    analyses,
+    artifacts,
+    errors,
+    evaluations,
+    merges,
+    meta,
+    sweeps,
+    webhooks,
+)
 from service.api.deps import Context
 from service.api.middleware import RequestGuard
 from service.db.session import Database
 from service.jobs import Executor
 from service.reconciler import Reconciler
 from service.settings import Settings
+from service.webhooks.delivery import Deliverer
 
 
 def make_executor(db: Database, settings: Settings) -> Executor:
@@ -31,12 +41,15 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         executor = make_executor(db, settings)
     context = Context(settings=settings, db=db, executor=executor)
     reconciler = Reconciler(db, settings, executor)
+    deliverer = Deliverer(db, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         context.executor.start()
         reconciler.start()
+        deliverer.start()
         yield
+        deliverer.stop()
         reconciler.stop()
         context.executor.stop()
         db.dispose()
@@ -53,6 +66,6 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     # Outside routing: Host, Origin, media type and body size are checked before a body is
     # parsed or a key looked up.
     app.add_middleware(RequestGuard, settings=settings)
-    for module in (merges, artifacts, analyses, evaluations, sweeps, meta):
+    for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     return app

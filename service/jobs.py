@@ -62,7 +62,12 @@ def request_digest(data: dict[str, Any]) -> str:
 
 
 def add_event(session: Session, job_id: str, type_: str, **data: Any) -> None:
+    """Record a job's event; a job's end also queues its webhooks, in the same transaction."""
     session.add(JobEvent(job_id=job_id, type=type_, data=data))
+    if type_ in TERMINAL:
+        from service.webhooks.outbox import job_ended
+
+        job_ended(session, job_id, type_, data)
 
 
 def ensure_tenant(db: Database, tenant: str) -> None:

@@ -22,6 +22,7 @@ class JobKind:
     progress_unit: Literal["bytes", "requests"]  # what progress.done/total count
     runner: str  # "module:function(job, db, settings, lease)"
     sources: Callable[[dict[str, Any]], list[str]]  # the sources a request reads
+    webhook_event: str  # the event type when a job ends, formatted with its {status}
 
     def run(self) -> Callable[..., Any]:
         module, function = self.runner.split(":")
@@ -29,7 +30,7 @@ class JobKind:
 
 
 # What a merge job's request holds beside its recipe.
-MERGE_EXTRAS = ("evaluation", "sweep")
+MERGE_EXTRAS = ("evaluation", "sweep", "webhook")
 
 
 def merge_recipe(request: dict[str, Any]) -> Any:
@@ -60,7 +61,15 @@ def _evaluation_sources(request: dict[str, Any]) -> list[str]:
 KINDS = {
     kind.name: kind
     for kind in (
-        JobKind("merge", "merges", "merge", "bytes", "worker.pipeline:run_merge", _merge_sources),
+        JobKind(
+            "merge",
+            "merges",
+            "merge",
+            "bytes",
+            "worker.pipeline:run_merge",
+            _merge_sources,
+            "merge.{status}",
+        ),
         JobKind(
             "analysis",
             "analyses",
@@ -68,6 +77,7 @@ KINDS = {
             "bytes",
             "worker.analysis_jobs:run_analysis_job",
             _analysis_sources,
+            "analysis.completed",
         ),
         JobKind(
             "evaluation",
@@ -76,6 +86,7 @@ KINDS = {
             "requests",
             "worker.evaluation_jobs:run_evaluation",
             _evaluation_sources,
+            "evaluation.completed",
         ),
     )
 }

@@ -23,6 +23,12 @@ class _Evaluated(BaseModel):
     evaluation: EvaluationSpec | None = Field(
         None, description="evaluate the merged model with lm-eval once the merge succeeds"
     )
+    webhook: str | None = Field(
+        None,
+        max_length=2000,
+        description="a one-off http(s) URL told when this merge ends (and when its output is "
+        "published), signed with the tenant's secret (GET /v1/webhooks/secret)",
+    )
 
 
 class LayerSwapMerge(LayerSwapRecipe, _Evaluated):

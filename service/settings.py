@@ -92,6 +92,38 @@ class Settings(BaseSettings):
         description="lm-eval backends the workers offer; vllm needs GPU workers with vllm",
     )
 
+    public_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="this API's address as clients reach it; webhook links are made absolute "
+        "with it (default: paths only)",
+    )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="JSON list of CIDRs webhooks may reach although not public, e.g. "
+        '["10.20.0.0/16"] (default: public addresses only)',
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="one webhook attempt")
+    webhook_retry_base_s: float = Field(
+        5.0, gt=0, description="first retry delay; each next one is 3× (jittered, at most 12 h)"
+    )
+    webhook_retry_window_s: float = Field(
+        3 * 24 * 3600.0, gt=0, description="a webhook not delivered this long after its event fails"
+    )
+    webhook_interval_s: float = Field(
+        1.0, gt=0, description="how often each API process looks for webhooks due"
+    )
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"not a network: {network!r} (e.g. 10.0.0.0/8)") from None
+        return value
+
     @field_validator("hub_credentials", mode="before")
     @classmethod
     def _credentials_per_tenant(cls, value: Any) -> Any:

@@ -26,6 +26,7 @@ from service.lineage import InputLink, get_or_create_artifact, link, stored_size
 from service.quota import space_reserver
 from service.settings import Settings
 from service.sources import resolve_source
+from service.webhooks.outbox import artifact_published
 from worker.engine.errors import (
     DiskFull,
     EngineError,
@@ -176,6 +177,8 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 **({"published": published} if published else {}),
                 **({"reused_from": reused_from} if reused_from else {}),
             }
+            if published:
+                artifact_published(session, row, output.id, published)
             evaluation = follow_up_evaluation(session, settings, row, output.id)
             if evaluation is not None:
                 row.result = {**row.result, "evaluation_job_id": evaluation.id}

@@ -30,6 +30,7 @@ from service.schemas import (
     job_read,
 )
 from service.sources import resolve_source
+from service.webhooks.endpoints import check_webhook_url
 from worker.engine.recipe import Recipe, named_sources, parse_recipe, recipe_to_dict
 from worker.hub.credentials import token_for
 from worker.hub.errors import HubError
@@ -128,14 +129,20 @@ def submit_merge(
 ) -> JobRead:
     """Queue a merge. The body is the recipe schema of `layerswap merge`, plus an optional
     `evaluation` run on the merged model once it exists."""
-    recipe = parse_recipe(body.model_dump(mode="json", by_alias=True, exclude={"evaluation"}))
+    recipe = parse_recipe(
+        body.model_dump(mode="json", by_alias=True, exclude={"evaluation", "webhook"})
+    )
     if body.evaluation is not None:
         check_spec(body.evaluation, context.settings)
+    if body.webhook is not None:
+        check_webhook_url(body.webhook, context.settings, field="webhook")
     sources = check_sources(recipe, context, tenant)
     check_headers(recipe, context.settings, tenant)
     request = recipe_to_dict(recipe)
     if body.evaluation is not None:
         request["evaluation"] = body.evaluation.model_dump()
+    if body.webhook is not None:
+        request["webhook"] = body.webhook
     new = jobs.NewJob(
         tenant,
         "merge",

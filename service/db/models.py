@@ -42,6 +42,8 @@ class Tenant(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Signs one-off webhooks (a merge's own `webhook` URL); made on first use.
+    webhook_secret: Mapped[str | None] = mapped_column(String(100))
 
 
 class ApiKey(Base):
@@ -183,3 +185,53 @@ class EvaluationScore(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(JSON)
     duration_s: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """A tenant's subscription: events of these types are POSTed, signed, to `url`."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[Any]] = mapped_column(JSON)
+    description: Mapped[str] = mapped_column(String(500), default="")
+    secret: Mapped[str] = mapped_column(String(100))  # whsec_...; needed to sign, shown once
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookEvent(Base):
+    """The outbox: written in the transaction of the state change it reports."""
+
+    __tablename__ = "webhook_events"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # msg_...: the webhook-id
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    type: Mapped[str] = mapped_column(String(64))
+    subject_id: Mapped[str] = mapped_column(String(32), index=True)  # the job or sweep
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event to one endpoint (or to a job's one-off URL), with every attempt."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    event_id: Mapped[str] = mapped_column(ForeignKey("webhook_events.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    endpoint_id: Mapped[str | None] = mapped_column(String(32), index=True)  # None: one-off
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt_log: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -175,12 +175,16 @@ def _counts(found: list[Job]) -> dict[str, Any]:
 
 
 def _finish(db: Database, sweep: Sweep, status: str, result: dict[str, Any]) -> bool:
+    from service.webhooks.outbox import sweep_ended
+
     with db.session() as session:
         moved: Any = session.execute(
             update(Sweep)
             .where(Sweep.id == sweep.id, Sweep.status == sweep.status)
             .values(status=status, result=result, finished_at=utcnow())
         )
+        if int(moved.rowcount) == 1:
+            sweep_ended(session, sweep.tenant_id, sweep.id, status)
     if int(moved.rowcount) == 1:
         log.info("sweep %s %s", sweep.id, status)
     return int(moved.rowcount) == 1

@@ -1,4 +1,4 @@
-"""Migrations with data in place: rows written at 0001 survive 0002 to 0005, step by step,
+"""Migrations with data in place: rows written at 0001 survive 0002 to 0006, step by step,
 and read correctly through the models at head, on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -96,17 +96,22 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
     assert revision(database_url) == "0004"
     upgrade(database_url, "0005")
     assert revision(database_url) == "0005"
+    upgrade(database_url, "0006")
+    assert revision(database_url) == "0006"
     engine = create_engine(database_url)
     assert {c["name"] for c in inspect(engine).get_columns("artifacts")} >= {
         "published", "size_bytes", "deleted_at"
     }  # fmt: skip
-    assert {"evaluation_scores", "sweeps"} <= set(inspect(engine).get_table_names())
+    assert {"evaluation_scores", "sweeps", "webhook_endpoints", "webhook_events",
+            "webhook_deliveries"} <= set(inspect(engine).get_table_names())  # fmt: skip
     engine.dispose()
 
     db = Database(database_url)
     try:
         with db.session() as session:
-            assert as_utc(session.get(Tenant, "team-a").created_at) == WHEN  # type: ignore[union-attr]
+            tenant = session.get(Tenant, "team-a")
+            assert tenant is not None and as_utc(tenant.created_at) == WHEN
+            assert tenant.webhook_secret is None  # added by 0006, made on first use
             key = session.get(ApiKey, "k1")
             assert key is not None and key.key_hash == "c" * 64 and key.revoked_at is None
             job = session.get(Job, "j1")

@@ -1,0 +1,1 @@
+"""Webhooks: signed (Standard Webhooks) events from a durable outbox, delivered with retries."""
