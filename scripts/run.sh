@@ -13,4 +13,7 @@ EXAMPLES="$LAYERSWAP_DATA_DIR/checkpoints/examples"
 # Evaluation data: a few MGSM-format rows from `layerswap examples` unless set (real MGSM:
 # scripts/export_mgsm.py).
 export LAYERSWAP_EVAL_DATA_DIR="${LAYERSWAP_EVAL_DATA_DIR:-$EXAMPLES/eval-data}"
+# Webhooks to a receiver on this machine (local development only; deployments reach public
+# addresses unless they allow networks).
+export LAYERSWAP_WEBHOOK_ALLOWED_NETWORKS="${LAYERSWAP_WEBHOOK_ALLOWED_NETWORKS:-[\"127.0.0.0/8\"]}"
 exec .venv/bin/layerswap serve "$@"

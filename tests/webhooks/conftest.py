@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
+from tests.evaluation.conftest import math_expert
 from tests.service.conftest import Service, database_url, running_service
 from tests.webhooks.receiver import Receiver
 
 # Loopback is where the test receiver listens; the service refuses it unless allowed.
-__all__ = ["database_url"]  # SQLite and PostgreSQL, as for the service tests
+# SQLite and PostgreSQL, as for the service tests; the evaluation tests' model and data.
+__all__ = ["database_url", "math_expert"]
 
 FAST = {
     "webhook_allowed_networks": ["127.0.0.0/8"],
