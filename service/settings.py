@@ -114,6 +114,14 @@ class Settings(BaseSettings):
         1.0, gt=0, description="how often each API process looks for webhooks due"
     )
 
+    openlineage_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="send OpenLineage run events to this backend (http transport, "
+        "/api/v1/lineage); unset: the client's own OPENLINEAGE_URL / OPENLINEAGE_CONFIG, if any",
+    )
+    openlineage_namespace: str = Field("layerswap", min_length=1, max_length=200)
+
     @field_validator("webhook_allowed_networks")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from service.db.models import Job, utcnow
 from service.db.session import Database
 from service.errors import ServiceError
 from service.evaluations import follow_up_evaluation
+from service.integrations import openlineage
 from service.kinds import kind_of, merge_recipe
 from service.lineage import InputLink, get_or_create_artifact, link, stored_size
 from service.quota import space_reserver
@@ -54,6 +55,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
         job = session.get(Job, job_id)
         assert job is not None
     log.info("job %s: attempt %d started", job_id, attempt)
+    openlineage.job_started(db, settings, job_id, attempt)
     with JobLease(db, job_id, attempt, settings) as lease:
         try:
             kind_of(job.kind).run()(job, db, settings, lease)
@@ -68,6 +70,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
             _finish(db, lease, jobs.FAILED, settings, error=_error_dict(e))
         except Exception as e:
             _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job_id, e))
+    openlineage.job_ended(db, settings, job_id)
     log.info("job %s: attempt %d done", job_id, attempt)
 
 

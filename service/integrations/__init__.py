@@ -1,0 +1,1 @@
+"""Integrations with systems outside the service: OpenLineage (lineage backends)."""
