@@ -19,8 +19,9 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY service service
 COPY worker worker
 COPY migrations migrations
+COPY client client
 # Editable, so the Alembic migrations are found beside the code they belong to.
-RUN pip install -c constraints.txt -e ".[eval]" "flower>=2.0"
+RUN pip install -c constraints.txt -e ./client -e ".[eval]" "flower>=2.0"
 
 RUN useradd --create-home --uid 1000 layerswap && mkdir -p /data && chown layerswap /data
 USER layerswap

@@ -14,6 +14,8 @@ from typing import Any
 import click
 import yaml
 
+from service.remote_cli import add_remote_commands
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
@@ -543,6 +545,9 @@ def db_upgrade() -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database)
     click.echo("database schema is up to date")
+
+
+add_remote_commands(cli)
 
 
 def main() -> None:
