@@ -4,6 +4,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
 "$ROOT/scripts/services.sh"
+"$ROOT/scripts/setup_mlflow.sh"
 cd "$ROOT"
 # One command per line: under `set -e` a failure inside an `a && b` list would not stop the script.
 echo "== ruff"

@@ -92,6 +92,11 @@ def merge(
         from worker.hub.pin import pin_recipe
 
         recipe = load_recipe_file(recipe_file)
+        if recipe.output.mlflow is not None:
+            raise click.UsageError(
+                "output.mlflow registers a merge made by the service (POST /v1/merges); "
+                "the local command does not"
+            )
         local = local_resolver(recipe_file.parent)
         fetched = None
         if hub_sources(recipe):  # pinned now: a branch moving mid-run changes nothing

@@ -121,6 +121,12 @@ class Settings(BaseSettings):
         "/api/v1/lineage); unset: the client's own OPENLINEAGE_URL / OPENLINEAGE_CONFIG, if any",
     )
     openlineage_namespace: str = Field("layerswap", min_length=1, max_length=200)
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        pattern=r"^(https?|databricks)",
+        description="the MLflow tracking server whose Model Registry merges with output.mlflow "
+        "are registered in",
+    )
 
     @field_validator("webhook_allowed_networks")
     @classmethod

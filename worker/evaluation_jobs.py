@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from service import jobs
 from service.db.models import Artifact, EvaluationScore, Job, LineageEdge, utcnow
 from service.db.session import Database
-from service.errors import NotFound
+from service.errors import NotFound, ServiceError
 from service.evaluations import evaluated_edge
 from service.lineage import content_digest, get_or_create_artifact
 from service.settings import Settings
@@ -140,6 +140,7 @@ def _evaluate_target(
         write_samples(outcome.samples, samples_path(settings, job))
 
     card = _update_model_card(db, settings, job, target, scores, version)
+    registry = _tag_registered_versions(db, settings, target.artifact_id, scores)
 
     def record(session: Session) -> None:
         row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
@@ -171,10 +172,41 @@ def _evaluate_target(
             # attempt's request cache answered the rest.
             "requests_run": requests_run,
             "card": card,
+            **({"mlflow": registry} if registry else {}),
         }
         jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=target.artifact_id)
 
     write_with_retry(db, lease, record, settings.db_retry_s)
+
+
+def _tag_registered_versions(
+    db: Database, settings: Settings, artifact_id: str, scores: list[Any]
+) -> list[dict[str, Any]]:
+    """Scores as tags of the MLflow versions of the merges that made this artifact. Best effort:
+    a registry that is down leaves the evaluation succeeded (`tagged: false`, logged)."""
+    from service.integrations.mlflow_registry import add_scores
+
+    if not scores or not settings.mlflow_tracking_uri:
+        return []
+    with db.session() as session:
+        merges = session.execute(
+            select(Job.id, Job.result).where(
+                Job.output_artifact_id == artifact_id, Job.kind == "merge"
+            )
+        ).all()
+    done = []
+    for merge_id, result in merges:
+        registered = (result or {}).get("mlflow")
+        if not registered:
+            continue
+        try:
+            add_scores(settings, registered, merge_id, scores)
+            tagged = True
+        except ServiceError as e:
+            log.warning("evaluation scores not added to MLflow: %s", e.message)
+            tagged = False
+        done.append({**registered, "merge_job_id": merge_id, "tagged": tagged})
+    return done
 
 
 def _target(

@@ -152,6 +152,15 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 # The job failed: it leaves no output, and the same name can be asked again.
                 shutil.rmtree(out_dir, ignore_errors=True)
                 raise
+        registered = None
+        if recipe.output.mlflow is not None:
+            lease.set_stage("registering")
+            try:
+                registered = _register(job, recipe, result, published, settings)
+            except ServiceError:
+                if reused_from is None:  # as for publishing: no output, the name is free
+                    shutil.rmtree(out_dir, ignore_errors=True)
+                raise
         inputs = fetched.directories if fetched else {}
 
         def record(session: Session) -> None:
@@ -179,6 +188,7 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 "resolved_weights": manifest["resolved_weights"],
                 **({"published": published} if published else {}),
                 **({"reused_from": reused_from} if reused_from else {}),
+                **({"mlflow": registered} if registered else {}),
             }
             if published:
                 artifact_published(session, row, output.id, published)
@@ -191,6 +201,24 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
     finally:
         if fetched is not None:
             fetched.close()
+
+
+def _register(
+    job: Job, recipe: Any, result: Any, published: dict[str, Any] | None, settings: Settings
+) -> dict[str, Any]:
+    """The output as an MLflow model version (found, not made again, on a retry)."""
+    from service.integrations import mlflow_registry
+    from service.lineage import content_digest
+
+    sources = [
+        {"role": i["role"], "source": i["source"], "content_digest": content_digest(i["files"])}
+        for i in result.manifest["inputs"]
+    ]
+    return mlflow_registry.register(
+        settings, job_id=job.id, request=job.request, destination=recipe.output.mlflow,
+        files=result.files, plan_digest=result.plan_digest, sources=sources,
+        published=published, artifact_hint=f"/v1/merges/{job.id}",
+    )  # fmt: skip
 
 
 def _local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:

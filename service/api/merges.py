@@ -17,6 +17,7 @@ from service.api.streams import SlotStreamingResponse
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.evaluations import check_spec, comparison
+from service.integrations.mlflow_registry import check_configured
 from service.lineage import get_artifact
 from service.preflight import check_headers
 from service.schemas import (
@@ -136,6 +137,8 @@ def submit_merge(
         check_spec(body.evaluation, context.settings)
     if body.webhook is not None:
         check_webhook_url(body.webhook, context.settings, field="webhook")
+    if recipe.output.mlflow is not None:
+        check_configured(context.settings)
     sources = check_sources(recipe, context, tenant)
     check_headers(recipe, context.settings, tenant)
     request = recipe_to_dict(recipe)

@@ -73,6 +73,26 @@ class HubDestination(_Strict):
     credential: Credential = None
 
 
+class MlflowDestination(_Strict):
+    """Register the output in the deployment's MLflow Model Registry (service only)."""
+
+    registered_model: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._/-]{0,255}$", description="created if missing"
+    )
+    alias: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{1,255}$",
+        description="point this alias at the new version (e.g. champion)",
+    )
+
+    @field_validator("alias")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value is not None and (value == "latest" or re.fullmatch(r"v[0-9]+", value)):
+            raise ValueError(f"{value!r} is reserved by MLflow (latest, v<number>)")
+        return value
+
+
 class OutputOptions(_Strict):
     name: str | None = Field(
         None,
@@ -82,6 +102,9 @@ class OutputOptions(_Strict):
     dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
     shard_size: int | str = Field("5GB", description="largest shard, e.g. 5GB, 500MB, 1GiB")
     hub: HubDestination | None = Field(None, description="also publish the output to the Hub")
+    mlflow: MlflowDestination | None = Field(
+        None, description="service only: register the output as an MLflow model version"
+    )
 
     @field_validator("shard_size")
     @classmethod
