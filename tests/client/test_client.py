@@ -60,6 +60,9 @@ def test_create_wait_events_list_and_lineage(live: Live) -> None:
         with pytest.raises(LayerswapError) as missing:
             client.merges.get("0" * 32)
         assert (missing.value.status, missing.value.code) == (404, "not_found")
+        with pytest.raises(LayerswapError) as ended:
+            client.merges.cancel(job.id)
+        assert ended.value.status == 409 and ended.value.details["status"] == "succeeded"
 
 
 def test_the_async_client(live: Live) -> None:
