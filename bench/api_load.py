@@ -19,6 +19,9 @@ cheap and the API and the database are what is measured. Per deployment:
               the last job's finished_at is reported (jobs start running during the submits)
     poll      --pollers concurrent pollers GET /v1/merges/{id} of the submitted (finished)
               jobs in a loop: --poll-warmup seconds unmeasured, then --duration seconds measured
+    poll, If-None-Match   the same, each poller sending the ETag it last saw (304s)
+    poll, open loop       each poller once every 1/--open-loop-rate s on a fixed schedule,
+              latency from the scheduled time (what "200 pollers polling once a second" feel)
 
 Latency is the client's wall time of one request (asyncio + httpx, one connection per client),
 so it includes time queued in the client's event loop. The client runs on the same machine as
@@ -306,6 +309,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def ok(status: int) -> bool:
+    """2xx, or 304 (a conditional GET whose job has not changed)."""
+    return 200 <= status < 300 or status == 304
+
+
 @dataclass
 class Phase:
     deployment: str
@@ -328,7 +336,7 @@ class Phase:
 
     @property
     def non_2xx(self) -> int:
-        return sum(n for status, n in self.statuses.items() if not 200 <= status < 300)
+        return sum(n for status, n in self.statuses.items() if not ok(status))
 
     def cpu_percent(self, process: str) -> float | None:
         seconds = self.cpu_s.get(process)
@@ -451,26 +459,48 @@ async def submit_phase(
 
 
 async def poll_phase(
-    target: Deployment, ids: Sequence[str], pollers: int, warmup_s: float, duration_s: float
+    target: Deployment,
+    ids: Sequence[str],
+    pollers: int,
+    warmup_s: float,
+    duration_s: float,
+    *,
+    name: str = "poll",
+    conditional: bool = False,
+    rate: float = 0.0,
 ) -> Phase:
-    """Closed-loop pollers over `ids`; only requests that complete inside the measured window
-    count (those in flight at its end are awaited and dropped)."""
-    phase = Phase(target.kind, "poll")
-    warmup = Phase(target.kind, "poll warm-up")
+    """Pollers over `ids`; only requests that complete inside the measured window count (those
+    in flight at its end are awaited and dropped). Closed loop (`rate` 0: the next request as
+    soon as the answer came), or open loop (`rate` requests per second per poller, on a fixed
+    schedule; latency counts from the scheduled time, so queueing is not hidden). With
+    `conditional`, each poller sends If-None-Match with the ETag it last saw for the job."""
+    phase = Phase(target.kind, name)
+    warmup = Phase(target.kind, f"{name} warm-up")
     meter = CpuMeter(target)
     began = time.perf_counter()
     window_start, window_end = began + warmup_s, began + warmup_s + duration_s
 
     async def poller(http: httpx.AsyncClient, first: int) -> None:
         k = first
+        etags: dict[str, str] = {}
+        scheduled = began + (first % max(pollers, 1)) / max(pollers * rate, 1e-9) if rate else 0.0
         while time.perf_counter() < window_end:
             job_id = ids[k % len(ids)]
             k += pollers
-            sent = time.perf_counter()
+            if rate:
+                await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+                sent = scheduled
+                scheduled += 1.0 / rate
+            else:
+                sent = time.perf_counter()
+            headers = {"If-None-Match": etags[job_id]} if conditional and job_id in etags else {}
             status: int | None = None
             error = ""
             try:
-                status = (await http.get(f"/v1/merges/{job_id}")).status_code
+                response = await http.get(f"/v1/merges/{job_id}", headers=headers)
+                status = response.status_code
+                if "etag" in response.headers:
+                    etags[job_id] = response.headers["etag"]
             except httpx.HTTPError as e:
                 error = type(e).__name__
             done = time.perf_counter()
@@ -560,6 +590,8 @@ class Result:
     poll: Phase
     drain: Drain
     warmup_submits: int
+    conditional: Phase | None = None  # closed loop, If-None-Match (304s)
+    open_loop: Phase | None = None  # each poller once a second
 
 
 async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result:
@@ -590,7 +622,17 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
 
     poll = await poll_phase(target, ids, args.pollers, args.poll_warmup, args.duration)
     say(f"[{target.kind}] poll: {fmt_summary(poll)}", flush=True)
-    return Result(target, submit, poll, drain, len(warm_ids))
+    conditional = await poll_phase(
+        target, ids, args.pollers, args.poll_warmup, args.duration,
+        name="poll, If-None-Match", conditional=True,
+    )  # fmt: skip
+    say(f"[{target.kind}] conditional poll: {fmt_summary(conditional)}", flush=True)
+    open_loop = await poll_phase(
+        target, ids, args.pollers, args.poll_warmup, args.duration,
+        name="poll, open loop", rate=args.open_loop_rate,
+    )  # fmt: skip
+    say(f"[{target.kind}] open-loop poll: {fmt_summary(open_loop)}", flush=True)
+    return Result(target, submit, poll, drain, len(warm_ids), conditional, open_loop)
 
 
 def fmt_summary(phase: Phase) -> str:
@@ -660,10 +702,18 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        for phase, label in (
+        phases: list[tuple[Phase | None, str]] = [
             (r.submit, f"submit (POST, {args.concurrency} clients)"),
             (r.poll, f"poll (GET, {args.pollers} pollers, {args.duration:g} s)"),
-        ):
+            (r.conditional, f"poll with If-None-Match ({args.pollers} pollers; 304s)"),
+            (
+                r.open_loop,
+                f"open-loop poll ({args.pollers} pollers × {args.open_loop_rate:g}/s)",
+            ),
+        ]
+        for phase, label in phases:
+            if phase is None:
+                continue
             s = phase.summary()
             rows.append(
                 f"| {r.deployment.kind} | {label} | {s['requests']} | {cell(s['rps'])} | "
@@ -777,6 +827,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="measured poll seconds")
     parser.add_argument("--poll-warmup", type=float, default=3.0, help="unmeasured poll seconds")
     parser.add_argument("--warmup-submits", type=int, default=16)
+    parser.add_argument(
+        "--open-loop-rate", type=float, default=1.0, help="requests/s per poller, open loop"
+    )
     parser.add_argument(
         "--drain-timeout", type=float, default=240.0, help="most seconds to wait for the merges"
     )

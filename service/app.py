@@ -19,6 +19,7 @@ from service.api import (
 )
 from service.api.deps import Context
 from service.api.middleware import RequestGuard
+from service.changes import Listener
 from service.db.session import Database
 from service.jobs import Executor
 from service.reconciler import Reconciler
@@ -42,13 +43,19 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     context = Context(settings=settings, db=db, executor=executor)
     reconciler = Reconciler(db, settings, executor)
     deliverer = Deliverer(db, settings)
+    # Other processes' job changes (Celery workers, other API processes) wake this one's waiters.
+    listener = None if db.is_sqlite else Listener(settings.database)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         context.executor.start()
         reconciler.start()
         deliverer.start()
+        if listener is not None:
+            listener.start()
         yield
+        if listener is not None:
+            listener.stop()
         deliverer.stop()
         reconciler.stop()
         context.executor.stop()
@@ -69,3 +76,9 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app from LAYERSWAP_* alone: what each process of `layerswap serve --workers N` runs
+    (the schema is migrated once, by `serve`, before they start)."""
+    return create_app(Settings())

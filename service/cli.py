@@ -377,8 +377,14 @@ def examples(out_dir: Path) -> None:
 @cli.command()
 @click.option("--host", help="Bind address (default LAYERSWAP_HOST or 127.0.0.1).")
 @click.option("--port", type=int, help="Port (default LAYERSWAP_PORT or 8000).")
-def serve(host: str | None, port: int | None) -> None:
+@click.option(
+    "--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+    help="API processes sharing the port (more than one needs PostgreSQL).",
+)  # fmt: skip
+def serve(host: str | None, port: int | None, workers: int) -> None:
     """Run the HTTP API; with no configuration, on the embedded default (SQLite, in-process)."""
+    import os
+
     import uvicorn
 
     from service.app import create_app
@@ -386,15 +392,31 @@ def serve(host: str | None, port: int | None) -> None:
 
     settings = load_settings(host=host, port=port)
     check_merge_device(settings)  # the in-process executor merges here
+    if workers > 1 and settings.database.startswith("sqlite"):
+        click.echo(
+            "layerswap: error [invalid_settings]: --workers > 1 needs PostgreSQL "
+            "(LAYERSWAP_DATABASE_URL): SQLite has one writer at a time",
+            err=True,
+        )
+        sys.exit(2)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     for root in settings.source_roots:
         root.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database)
     click.echo(
         f"layerswap: serving on http://{settings.host}:{settings.port} "
-        f"(database {settings.database.split('@')[-1]}, executor {settings.executor})"
+        f"(database {settings.database.split('@')[-1]}, executor {settings.executor}, "
+        f"{workers} process{'es' if workers > 1 else ''})"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        return
+    # Each process builds its own app from the environment: pass the overrides on.
+    os.environ.update(LAYERSWAP_HOST=settings.host, LAYERSWAP_PORT=str(settings.port))
+    uvicorn.run(
+        "service.app:app_from_environment", factory=True, workers=workers,
+        host=settings.host, port=settings.port, log_level="info",
+    )  # fmt: skip
 
 
 @cli.command()

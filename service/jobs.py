@@ -19,6 +19,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.changes import touched
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
@@ -64,6 +65,7 @@ def request_digest(data: dict[str, Any]) -> str:
 def add_event(session: Session, job_id: str, type_: str, **data: Any) -> None:
     """Record a job's event; a job's end also queues its webhooks, in the same transaction."""
     session.add(JobEvent(job_id=job_id, type=type_, data=data))
+    touched(session, job_id)
     if type_ in TERMINAL:
         from service.webhooks.outbox import job_ended
 

@@ -14,6 +14,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from service import jobs
+from service.changes import touched
 from service.db.models import Job, utcnow
 from service.db.session import Database
 from service.settings import Settings
@@ -84,6 +85,7 @@ class JobLease:
         try:
             with self.db.session() as session:
                 session.execute(self.fenced().values(stage=stage, heartbeat_at=utcnow()))
+                touched(session, self.job_id)
         except SQLAlchemyError as e:
             log.warning("job %s: stage not written (%s)", self.job_id, brief(e))
 
@@ -102,6 +104,8 @@ class JobLease:
         try:
             with self.db.session() as session:
                 written = session.execute(self.fenced().values(heartbeat_at=utcnow(), **counts))
+                if int(getattr(written, "rowcount", 0)) == 1:
+                    touched(session, self.job_id)  # long polls see progress as it is written
                 if int(getattr(written, "rowcount", 0)) == 1 and (
                     now - self._event >= EVENT_INTERVAL_S or p.bytes_done >= p.bytes_total
                 ):

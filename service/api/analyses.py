@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
 
 from service import jobs
 from service.api.deps import ContextDep, TenantDep
+from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
 from service.errors import Conflict, NotFound
 from service.lineage import get_artifact
 from service.schemas import AnalysisCreate, JobRead, job_read
@@ -37,9 +38,17 @@ def submit_analysis(
     return job_read(job)
 
 
-@router.get("/{job_id}", response_model=JobRead)
-def get_analysis(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
-    return job_read(jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis"))
+@router.get("/{job_id}", response_model=JobRead, responses=CONDITIONAL)
+async def get_analysis(
+    job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
+) -> Response:
+    """The analysis; ETag / If-None-Match and long polling as for merges."""
+
+    def read() -> tuple[Answer, bool]:
+        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis")
+        return answer(job_read(job)), job.status in jobs.TERMINAL
+
+    return await conditional_read(request, job_id, read, wait)
 
 
 @router.get(

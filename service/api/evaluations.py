@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from service import jobs
 from service.api.deps import ContextDep, TenantDep
+from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
 from service.errors import Conflict, NotFound
 from service.evaluations import (
     EvaluationCreate,
@@ -83,10 +84,17 @@ def list_evaluations(
     return JobPage(items=[read_evaluation(context, j) for j in found], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobRead)
-def get_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
-    job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
-    return read_evaluation(context, job)
+@router.get("/{job_id}", response_model=JobRead, responses=CONDITIONAL)
+async def get_evaluation(
+    job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
+) -> Response:
+    """The evaluation; ETag / If-None-Match and long polling as for merges."""
+
+    def read() -> tuple[Answer, bool]:
+        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
+        return answer(read_evaluation(context, job)), job.status in jobs.TERMINAL
+
+    return await conditional_read(request, job_id, read, wait)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)

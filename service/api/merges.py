@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,9 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from service import jobs
 from service.api.deps import Context, ContextDep, TenantDep
 from service.api.errors import error_response
+from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
 from service.api.streams import SlotStreamingResponse
+from service.changes import CHANGES
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.evaluations import check_spec, comparison
@@ -39,7 +42,7 @@ from worker.hub.pin import PinnedRepo, pin
 from worker.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sources
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
-SSE_POLL_S = 0.5
+SSE_WAKE_S = 2.0  # an event stream re-reads at least this often, woken or not
 SSE_RECONNECT_MS = 1000  # the `retry:` hint: how soon a client reconnects after a stream ends
 SSE_RETRY_AFTER_S = 5  # Retry-After of a 429 for too many open streams
 MAX_EVENT_ID = 2**63 - 1  # larger ids cannot be compared in SQLite (OverflowError)
@@ -197,9 +200,18 @@ def list_merges(
     return JobPage(items=[read_job(context, j) for j in found], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobRead)
-def get_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
-    return read_job(context, jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge"))
+@router.get("/{job_id}", response_model=JobRead, responses=CONDITIONAL)
+async def get_merge(
+    job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
+) -> Response:
+    """The merge. `ETag` / `If-None-Match` (304); long polling with `?wait=N` or
+    `Prefer: wait=N` (answers once the merge differs from your ETag, or ends, or N s pass)."""
+
+    def read() -> tuple[Answer, bool]:
+        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
+        return answer(read_job(context, job)), job.status in jobs.TERMINAL
+
+    return await conditional_read(request, job_id, read, wait)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
@@ -256,22 +268,30 @@ async def _event_stream(
     # A stream has a lifetime, so a slot cannot be held forever.
     deadline = time.monotonic() + context.settings.sse_max_seconds
     while not await request.is_disconnected():
-        # The status first: a terminal status is committed with its event, so the events read
-        # next include it, and the stream can end right after sending them.
-        job = await asyncio.to_thread(jobs.get, context.db, tenant=tenant, job_id=job_id)
-        found = await asyncio.to_thread(
-            jobs.events, context.db, tenant=tenant, job_id=job_id, after=after
-        )
-        for event in found:
-            after = event.id
-            created = as_utc(event.created_at).isoformat()
-            data = json.dumps({"type": event.type, **event.data, "created_at": created})
-            yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
-        if job.status in jobs.TERMINAL:
-            return
-        if time.monotonic() >= deadline:
-            # Not finished, only cut short: how soon to come back (an EventSource reconnects
-            # by itself, sending its Last-Event-ID).
-            yield f"retry: {SSE_RECONNECT_MS}\n\n"
-            return
-        await asyncio.sleep(min(SSE_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        changed = CHANGES.subscribe(job_id)  # before reading: no change slips in between
+        try:
+            # The status first: a terminal status is committed with its event, so the events
+            # read next include it, and the stream can end right after sending them.
+            job = await asyncio.to_thread(jobs.get, context.db, tenant=tenant, job_id=job_id)
+            found = await asyncio.to_thread(
+                jobs.events, context.db, tenant=tenant, job_id=job_id, after=after
+            )
+            for event in found:
+                after = event.id
+                created = as_utc(event.created_at).isoformat()
+                data = json.dumps({"type": event.type, **event.data, "created_at": created})
+                yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
+            if job.status in jobs.TERMINAL:
+                return
+            if time.monotonic() >= deadline:
+                # Not finished, only cut short: how soon to come back (an EventSource
+                # reconnects by itself, sending its Last-Event-ID).
+                yield f"retry: {SSE_RECONNECT_MS}\n\n"
+                return
+            # Pushed: woken by the job's next change (service/changes.py); the timeout is a
+            # safety net, and notices a client that hung up.
+            remaining = max(deadline - time.monotonic(), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed, timeout=min(SSE_WAKE_S, remaining))
+        finally:
+            CHANGES.unsubscribe(job_id, changed)
