@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from starlette.concurrency import run_in_threadpool
 
 from service.api.streams import StreamSlots
 from service.auth import tenant_for
@@ -20,12 +21,14 @@ class Context:
     db: Database
     executor: Executor
     streams: StreamSlots = field(init=False)
+    tenants_made: set[str] = field(default_factory=set)  # rows known to exist (never deleted)
 
     def __post_init__(self) -> None:
         self.streams = StreamSlots(self.settings.sse_streams_per_tenant)
 
 
-def get_context(request: Request) -> Context:
+async def get_context(request: Request) -> Context:
+    # async: a sync dependency would cost a hop to the thread pool on every request
     context: Context = request.app.state.context
     return context
 
@@ -33,13 +36,18 @@ def get_context(request: Request) -> Context:
 ContextDep = Annotated[Context, Depends(get_context)]
 
 
-def current_tenant(
+async def current_tenant(
     context: ContextDep, authorization: Annotated[str | None, Header()] = None
 ) -> str:
+    """The request's tenant: by its API key (looked up every time, so a revoked key stops at
+    once), or the default one, whose row is made once per process."""
     if not context.settings.auth:
-        ensure_tenant(context.db, context.settings.default_tenant)
-        return context.settings.default_tenant
-    return tenant_for(context.db, authorization)
+        tenant = context.settings.default_tenant
+        if tenant not in context.tenants_made:
+            await run_in_threadpool(ensure_tenant, context.db, tenant)
+            context.tenants_made.add(tenant)
+        return tenant
+    return await run_in_threadpool(tenant_for, context.db, authorization)
 
 
 TenantDep = Annotated[str, Depends(current_tenant)]
