@@ -322,11 +322,18 @@ def events(db: Database, *, tenant: str, job_id: str, after: int = 0) -> list[Jo
         )
 
 
-def requeue_interrupted(db: Database) -> list[tuple[str, str]]:
+def requeue_interrupted(
+    db: Database, *, silent_since: datetime | None = None
+) -> list[tuple[str, str]]:
     """At start-up of the in-process executor: jobs left running by a dead process go back to
-    the queue (or fail when out of attempts); return every queued (id, kind), oldest first."""
+    the queue (or fail when out of attempts); return every queued (id, kind), oldest first.
+    With `silent_since` (several API processes may share the database), only jobs whose
+    heartbeat stopped before then: a sibling process's running job is left alone."""
+    query = select(Job).where(Job.status.in_(ACTIVE))
+    if silent_since is not None:
+        query = query.where(or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < silent_since))
     with db.session() as session:
-        for job in session.scalars(select(Job).where(Job.status.in_(ACTIVE))):
+        for job in session.scalars(query):
             _give_back(session, job, "the process running it stopped")
     return queued(db)
 

@@ -7,8 +7,10 @@ import logging
 import queue
 import threading
 import uuid
+from datetime import timedelta
 
 from service import jobs
+from service.db.models import utcnow
 from service.db.session import Database
 from service.settings import Settings
 from worker.pipeline import run_job
@@ -27,7 +29,13 @@ class LocalExecutor:
 
     def start(self) -> None:
         self._thread.start()
-        for job_id, kind in jobs.requeue_interrupted(self.db):
+        # SQLite: this is the only process, so whatever is running was left by a dead one. On
+        # PostgreSQL sibling API processes (serve --workers N) may be running jobs: only the
+        # silent ones are taken back now, the rest by the reconciler once their heartbeat stops.
+        silent_since = None
+        if not self.db.is_sqlite:
+            silent_since = utcnow() - timedelta(seconds=self.settings.stale_after_s)
+        for job_id, kind in jobs.requeue_interrupted(self.db, silent_since=silent_since):
             self.dispatch(job_id, kind)
 
     def dispatch(self, job_id: str, kind: str) -> None:

@@ -7,6 +7,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from service import jobs
 from service.app import create_app
 from service.db.migrate import upgrade
-from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge
+from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge, utcnow
 from service.db.session import Database
 from service.settings import Settings
 from tests.service.conftest import layer_swap, make_settings
@@ -324,3 +325,18 @@ def test_requeue_interrupted(store: tuple[Database, Settings]) -> None:
     assert job_row(db, interrupted).attempts == 2
     assert job_row(db, exhausted).status == jobs.FAILED
     assert job_row(db, canceling).status == jobs.CANCELED
+
+
+def test_requeue_interrupted_leaves_a_sibling_process_s_running_job(
+    store: tuple[Database, Settings],
+) -> None:
+    """Several API processes on one database (serve --workers N): one starting up must not take
+    back the job another is running (its heartbeat is fresh); a silent one it does."""
+    db, settings = store
+    running = new_job(db, settings)
+    silent = new_job(db, settings)
+    assert jobs.claim(db, running) and jobs.claim(db, silent)
+    set_state(db, silent, heartbeat_at=utcnow() - timedelta(seconds=settings.stale_after_s + 5))
+    since = utcnow() - timedelta(seconds=settings.stale_after_s)
+    assert jobs.requeue_interrupted(db, silent_since=since) == [(silent, "merge")]
+    assert jobs.get(db, tenant=TENANT, job_id=running).status == jobs.RUNNING
