@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -86,7 +87,9 @@ def test_the_client_installs_and_works_without_torch(live: Live, tmp_path: Path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", str(CLIENT)],
+    source = tmp_path / "client"  # a copy: pip's build/ stays out of the checkout
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    install = subprocess.run([python, "-m", "pip", "install", "-q", str(source)],
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert install.returncode == 0, install.stderr
     installed = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True,
