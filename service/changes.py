@@ -59,10 +59,6 @@ class Changes:
         for future, loop in waiting.items():
             loop.call_soon_threadsafe(_resolve, future)
 
-    def waiting(self) -> int:
-        with self._lock:
-            return sum(len(w) for w in self._waiters.values())
-
 
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
@@ -73,10 +69,13 @@ CHANGES = Changes()
 
 
 def touched(session: Session, job_id: str) -> None:
-    """Mark `job_id` as changed by this session's transaction (woken at its commit)."""
-    session.info.setdefault("changed_jobs", set()).add(job_id)
-    bind = session.get_bind()
-    if bind.dialect.name == "postgresql":
+    """Mark `job_id` as changed by this session's transaction (woken at its commit); one
+    NOTIFY per job and transaction, however many writes touch it."""
+    changed = session.info.setdefault("changed_jobs", set())
+    if job_id in changed:
+        return
+    changed.add(job_id)
+    if session.get_bind().dialect.name == "postgresql":
         session.execute(
             text("SELECT pg_notify(:channel, :job)"), {"channel": CHANNEL, "job": job_id}
         )

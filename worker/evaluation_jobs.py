@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,6 @@ from service.evaluations import evaluated_edge
 from service.lineage import content_digest, get_or_create_artifact
 from service.settings import Settings
 from service.sources import resolve_source
-from worker.engine.progress import Progress
 from worker.evaluation.results import Score, write_samples
 from worker.evaluation.spec import EvaluationSpec
 from worker.evaluation.tasks import SHIPPED_TASKS
@@ -79,18 +76,6 @@ def task_files_digest(tasks_dir: Path | None) -> str:
     return digest.hexdigest()
 
 
-def stage_progress(lease: JobLease, stage: str) -> Callable[[int, int], None]:
-    """Enter `stage`; the sink its (done, total) progress goes to (requests or bytes), with
-    the time since the stage began (for the ETA)."""
-    lease.set_stage(stage)
-    started = time.monotonic()
-
-    def report(done: int, total: int) -> None:
-        lease.progress(Progress(stage, done, total, 0, 0, time.monotonic() - started))
-
-    return report
-
-
 @dataclass(frozen=True)
 class Target:
     artifact_id: str
@@ -123,7 +108,7 @@ def _evaluate_target(
     seconds = 0.0
     requests_run: dict[str, int] = {}
     if to_run:
-        progress = stage_progress(lease, "evaluating")
+        progress = lease.stage_progress("evaluating")
         outcome = evaluate(
             target.location,
             spec.model_copy(update={"tasks": to_run}),
@@ -285,7 +270,7 @@ def _hub_target(
         source,
         cache_dir=settings.cache_dir / "hub",
         token=token,
-        on_progress=stage_progress(lease, "downloading"),
+        on_progress=lease.stage_progress("downloading"),
         should_cancel=lease.should_cancel,
     )
     stack.callback(fetched.close)
@@ -307,29 +292,15 @@ def _in_memory_target(
     as an `in_memory` artifact named by the model's digest."""
     from worker.engine.recipe import LayerSwapRecipe
     from worker.evaluation.in_memory import assemble
-    from worker.hub.credentials import token_for
-    from worker.hub.fetch import fetch_inputs, hub_sources
+    from worker.pipeline import fetch_hub_inputs, local_resolver
 
     recipe = LayerSwapRecipe.model_validate(job.request["target"]["layer_swap"])
-
-    def local(source: str) -> Path:
-        return resolve_source(source, settings, job.tenant_id)
-
-    resolve: Callable[[str], Path] = local
+    resolve = local_resolver(job, settings)
     known: dict[Path, str] = {}
-    if hub_sources(recipe):
-        fetched = fetch_inputs(
-            recipe,
-            cache_dir=settings.cache_dir / "hub",
-            token=token_for(
-                recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
-            ),
-            local=local,
-            on_progress=stage_progress(lease, "downloading"),
-            should_cancel=lease.should_cancel,
-        )
+    fetched = fetch_hub_inputs(job, recipe, settings, lease)
+    if fetched is not None:
         stack.callback(fetched.close)
-        resolve, known = fetched.resolver(local), fetched.digests
+        resolve, known = fetched.resolver(resolve), fetched.digests
     lease.set_stage("assembling")
     built = assemble(
         recipe,

@@ -89,6 +89,17 @@ class JobLease:
         except SQLAlchemyError as e:
             log.warning("job %s: stage not written (%s)", self.job_id, brief(e))
 
+    def stage_progress(self, stage: str) -> Callable[[int, int], None]:
+        """Enter `stage`; the sink its (done, total) progress goes to (requests or bytes), with
+        the time since the stage began (for the ETA)."""
+        self.set_stage(stage)
+        started = time.monotonic()
+
+        def report(done: int, total: int) -> None:
+            self.progress(Progress(stage, done, total, 0, 0, time.monotonic() - started))
+
+        return report
+
     def progress(self, p: Progress) -> None:
         now = time.monotonic()
         if now - self._written < self.progress_interval and p.bytes_done < p.bytes_total:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from worker.engine.errors import (
     OutputError,
     is_disk_full,
 )
-from worker.engine.progress import Progress
 from worker.lease import JobLease, LeaseLost, settle, write_with_retry
 from worker.outputs import identical_output, made_by, published_by_earlier_attempt, remove_leftovers
 
@@ -133,7 +131,7 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 out_dir = result.out_dir
                 log.info("job %s: %s already made this merge; reused", job.id, reused_from)
         if result is None:
-            fetched = _fetch_hub_inputs(job, recipe, settings, lease)
+            fetched = fetch_hub_inputs(job, recipe, settings, lease)
             result = _merge(job, recipe, out_dir, settings, lease, fetched, db)
         elif reused_from is None:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
@@ -221,31 +219,26 @@ def _register(
     )  # fmt: skip
 
 
-def _local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:
+def local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:
     return lambda source: resolve_source(source, settings, job.tenant_id)
 
 
-def _fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease) -> Any:
-    """FetchedInputs for the recipe's Hub sources (None without any); the caller closes it."""
+def fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease) -> Any:
+    """FetchedInputs for the recipe's Hub sources (None without any), the download being the
+    job's `downloading` stage; the caller closes it."""
     from worker.hub.credentials import token_for
     from worker.hub.fetch import fetch_inputs, hub_sources
 
     if not hub_sources(recipe):
         return None
-    started = time.monotonic()
-
-    def downloaded(done: int, total: int) -> None:
-        elapsed = time.monotonic() - started
-        lease.progress(Progress("downloading", done, total, 0, 0, elapsed))
-
     return fetch_inputs(
         recipe,
         cache_dir=settings.cache_dir / "hub",
         token=token_for(
             recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
         ),
-        local=_local_resolver(job, settings),
-        on_progress=downloaded,
+        local=local_resolver(job, settings),
+        on_progress=lease.stage_progress("downloading"),
         should_cancel=lease.should_cancel,
     )
 
@@ -261,7 +254,7 @@ def _merge(
 ) -> Any:
     from worker.engine.merge import MergeOptions, merge
 
-    local = _local_resolver(job, settings)
+    local = local_resolver(job, settings)
     options = MergeOptions(
         device=settings.merge_device,
         hash_cache=settings.cache_dir / "sha256",
@@ -307,7 +300,7 @@ def _input_links(
         if is_hub_source(source):
             location, config = source, _read_config(hub_dirs[source]) if source in hub_dirs else {}
         else:
-            path = _local_resolver(job, settings)(source)
+            path = local_resolver(job, settings)(source)
             location, config = str(path), _read_config(path)
         artifact = get_or_create_artifact(
             session,

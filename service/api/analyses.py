@@ -8,8 +8,9 @@ from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
 
 from service import jobs
+from service.api import polling
 from service.api.deps import ContextDep, TenantDep
-from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
+from service.api.polling import CONDITIONAL, WaitQuery
 from service.errors import Conflict, NotFound
 from service.lineage import get_artifact
 from service.schemas import AnalysisCreate, JobRead, job_read
@@ -43,12 +44,9 @@ async def get_analysis(
     job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
 ) -> Response:
     """The analysis; ETag / If-None-Match and long polling as for merges."""
-
-    def read() -> tuple[Answer, bool]:
-        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="analysis")
-        return answer(job_read(job)), job.status in jobs.TERMINAL
-
-    return await conditional_read(request, job_id, read, wait)
+    return await polling.read_job(
+        request, context, tenant=tenant, job_id=job_id, kind="analysis", view=job_read, wait=wait
+    )
 
 
 @router.get(

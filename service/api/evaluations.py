@@ -4,14 +4,16 @@ read the scores and the per-sample records; cancel. Scores of an artifact:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from service import jobs
+from service.api import polling
 from service.api.deps import ContextDep, TenantDep
-from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
+from service.api.polling import CONDITIONAL, WaitQuery
 from service.errors import Conflict, NotFound
 from service.evaluations import (
     EvaluationCreate,
@@ -89,12 +91,15 @@ async def get_evaluation(
     job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
 ) -> Response:
     """The evaluation; ETag / If-None-Match and long polling as for merges."""
-
-    def read() -> tuple[Answer, bool]:
-        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
-        return answer(read_evaluation(context, job)), job.status in jobs.TERMINAL
-
-    return await conditional_read(request, job_id, read, wait)
+    return await polling.read_job(
+        request,
+        context,
+        tenant=tenant,
+        job_id=job_id,
+        kind="evaluation",
+        view=partial(read_evaluation, context),
+        wait=wait,
+    )
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)

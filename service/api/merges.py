@@ -7,14 +7,16 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 
 from service import jobs
+from service.api import polling
 from service.api.deps import Context, ContextDep, TenantDep
 from service.api.errors import error_response
-from service.api.polling import CONDITIONAL, Answer, WaitQuery, answer, conditional_read
+from service.api.polling import CONDITIONAL, WaitQuery
 from service.api.streams import SlotStreamingResponse
 from service.changes import CHANGES
 from service.db.models import Artifact, Job, as_utc
@@ -206,12 +208,15 @@ async def get_merge(
 ) -> Response:
     """The merge. `ETag` / `If-None-Match` (304); long polling with `?wait=N` or
     `Prefer: wait=N` (answers once the merge differs from your ETag, or ends, or N s pass)."""
-
-    def read() -> tuple[Answer, bool]:
-        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
-        return answer(read_job(context, job)), job.status in jobs.TERMINAL
-
-    return await conditional_read(request, job_id, read, wait)
+    return await polling.read_job(
+        request,
+        context,
+        tenant=tenant,
+        job_id=job_id,
+        kind="merge",
+        view=partial(read_job, context),
+        wait=wait,
+    )
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)

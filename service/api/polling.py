@@ -21,7 +21,10 @@ from fastapi import Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from service import jobs
+from service.api.deps import Context
 from service.changes import CHANGES
+from service.db.models import Job
 
 MAX_WAIT_S = 60.0
 WaitQuery = Annotated[
@@ -65,6 +68,25 @@ def _matches(header: str | None, etag: str) -> bool:
         return False
     tags = {t.strip().removeprefix("W/") for t in header.split(",")}
     return header.strip() == "*" or etag.removeprefix("W/") in tags
+
+
+async def read_job(
+    request: Request,
+    context: Context,
+    *,
+    tenant: str,
+    job_id: str,
+    kind: str,
+    view: Callable[[Job], BaseModel],
+    wait: float | None,
+) -> Response:
+    """GET /v1/<kind's collection>/{id}: the job as `view` shows it, conditionally (below)."""
+
+    def read() -> tuple[Answer, bool]:
+        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind=kind)
+        return answer(view(job)), job.status in jobs.TERMINAL
+
+    return await conditional_read(request, job_id, read, wait)
 
 
 async def conditional_read(

@@ -183,11 +183,12 @@ def _finish(db: Database, sweep: Sweep, status: str, result: dict[str, Any]) -> 
             .where(Sweep.id == sweep.id, Sweep.status == sweep.status)
             .values(status=status, result=result, finished_at=utcnow())
         )
-        if int(moved.rowcount) == 1:
+        ended = int(moved.rowcount) == 1
+        if ended:
             sweep_ended(session, sweep.tenant_id, sweep.id, status)
-    if int(moved.rowcount) == 1:
+    if ended:
         log.info("sweep %s %s", sweep.id, status)
-    return int(moved.rowcount) == 1
+    return ended
 
 
 def _remove_evaluated(

@@ -17,6 +17,7 @@ from service.db.models import Job, Sweep
 from service.db.session import Database
 from service.errors import IdempotencyConflict, InvalidRequest
 from service.evaluations import check_spec, evaluation_request
+from service.kinds import MERGE_EXTRAS
 from service.preflight import check_headers
 from service.settings import Settings
 from service.sources import resolve_source
@@ -148,7 +149,7 @@ def add_final_merges(
         if job.kind == "evaluation":
             recipe = dict(job.request["target"]["layer_swap"])
         else:
-            recipe = {k: v for k, v in job.request.items() if k not in ("evaluation", "sweep")}
+            recipe = {k: v for k, v in job.request.items() if k not in MERGE_EXTRAS}
         trial["kept"] = True
         if spec.publish_best is not None:
             hub = spec.publish_best.model_dump(mode="json")

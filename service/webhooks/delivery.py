@@ -34,7 +34,7 @@ from service.db.models import (
 from service.db.session import Database
 from service.settings import Settings
 from service.webhooks.network import UnsafeUrl, check_url
-from service.webhooks.outbox import DELIVERED, FAILED, PENDING
+from service.webhooks.outbox import DELIVERED, FAILED, PENDING, fail_pending
 
 log = logging.getLogger("layerswap.webhooks")
 
@@ -276,8 +276,4 @@ def disable(session: Any, endpoint_id: str, reason: str) -> None:
         .where(WebhookEndpoint.id == endpoint_id, WebhookEndpoint.disabled_at.is_(None))
         .values(disabled_at=utcnow(), disabled_reason=reason)
     )
-    session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
-        .values(status=FAILED, finished_at=utcnow(), last_error=f"endpoint disabled: {reason}")
-    )
+    fail_pending(session, endpoint_id, f"endpoint disabled: {reason}")

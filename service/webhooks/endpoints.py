@@ -15,7 +15,7 @@ from service.db.session import Database
 from service.errors import Conflict, InvalidRequest, NotFound
 from service.settings import Settings
 from service.webhooks.network import UnsafeUrl, check_url
-from service.webhooks.outbox import EVENT_TYPES, PENDING, new_secret, tenant_secret
+from service.webhooks.outbox import EVENT_TYPES, PENDING, fail_pending, new_secret, tenant_secret
 
 EventType = Literal[
     "merge.succeeded", "merge.failed", "merge.canceled", "analysis.completed",
@@ -130,11 +130,7 @@ def delete_endpoint(db: Database, tenant: str, endpoint_id: str) -> None:
             .where(WebhookEndpoint.id == endpoint_id)
             .values(deleted_at=utcnow())
         )
-        session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
-            .values(status="failed", finished_at=utcnow(), last_error="the endpoint was deleted")
-        )
+        fail_pending(session, endpoint_id, "the endpoint was deleted")
 
 
 def rotate_secret(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:

@@ -101,6 +101,16 @@ def emit(
     return event
 
 
+def fail_pending(session: Session, endpoint_id: str, why: str) -> None:
+    """An endpoint that will receive nothing more (deleted, disabled): its pending deliveries
+    end failed, their history kept."""
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.status == PENDING)
+        .values(status=FAILED, finished_at=utcnow(), last_error=why)
+    )
+
+
 def job_ended(session: Session, job_id: str, status: str, event: dict[str, Any]) -> None:
     """The webhook for a job that reached `status` (from jobs.add_event, in its transaction)."""
     from service.kinds import KINDS

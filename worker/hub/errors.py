@@ -3,8 +3,11 @@ huggingface_hub client's exceptions onto them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from worker.engine.errors import DiskFull, EngineError, is_disk_full
 
@@ -102,3 +105,24 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
         except (ImportError, AttributeError):
             continue
     return tuple(found)
+
+
+T = TypeVar("T")
+TRIES = 4  # of one Hub step while the Hub rate-limits us or is briefly unreachable
+_log = logging.getLogger("layerswap.hub")
+
+
+def retrying(call: Callable[[], T], *, what: str, first_pause_s: float) -> T:
+    """`call`, tried again with exponential backoff (from `first_pause_s`, doubled) while the
+    Hub rate-limits (its Retry-After is honoured by the client) or is away."""
+    pause = first_pause_s
+    for attempt in range(1, TRIES + 1):
+        try:
+            return call()
+        except (HubRateLimited, HubUnavailable) as e:
+            if attempt == TRIES:
+                raise
+            _log.warning("%s: %s; retrying in %.1f s", what, e.message, pause)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")

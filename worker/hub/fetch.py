@@ -34,13 +34,13 @@ from worker.engine.errors import CheckpointError, DiskFull, MergeCanceled, is_di
 from worker.engine.limits import MAX_SIDE_FILE_BYTES
 from worker.engine.planner import Resolver, make_plan
 from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
-from worker.hub.errors import HubError, HubFileMissing, HubRateLimited, HubUnavailable, hub_errors
+from worker.hub.errors import HubError, HubFileMissing, hub_errors, retrying
 from worker.hub.pin import PinnedRepo, pin
 from worker.hub.refs import is_hub_source, parse_hub_source
 
-RETRIES = 4  # tries of one request when the Hub rate-limits us or is briefly unreachable
-BACKOFF_S = 0.5  # doubled after each try; a Retry-After from the Hub is honoured by the client
+BACKOFF_S = 0.5  # the first retry's pause (worker.hub.errors.retrying doubles it)
 log = logging.getLogger("layerswap.hub")
+T = TypeVar("T")
 SIDE_FILES = frozenset({"config.json", INDEX_FILE, *EXTRA_CONFIG_FILES, *TOKENIZER_FILES})
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 
@@ -243,22 +243,8 @@ def _link(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
-T = TypeVar("T")
-
-
 def _retrying(call: Callable[[], T]) -> T:
-    """`call`, tried again with exponential backoff while the Hub rate-limits or is away."""
-    pause = BACKOFF_S
-    for attempt in range(1, RETRIES + 1):
-        try:
-            return call()
-        except (HubRateLimited, HubUnavailable) as e:
-            if attempt == RETRIES:
-                raise
-            log.warning("%s; retrying in %.1f s", e.message, pause)
-            time.sleep(pause)
-            pause *= 2
-    raise AssertionError("unreachable")
+    return retrying(call, what="Hub request", first_pause_s=BACKOFF_S)
 
 
 def _download(

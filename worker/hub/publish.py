@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +20,10 @@ from typing import Any, TypeVar
 
 from worker.engine.digests import file_sha256
 from worker.engine.recipe import HubDestination
-from worker.hub.errors import HubError, HubRateLimited, HubUnavailable, hub_errors
+from worker.hub.errors import HubError, hub_errors, retrying
 
 T = TypeVar("T")
 log = logging.getLogger("layerswap.hub")
-ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -57,19 +55,8 @@ def publish(
 
 
 def _retrying(attempt: Callable[[], T], what: str) -> T:
-    """`attempt`, tried again with exponential backoff while the Hub rate-limits or is away.
-    Each try must start by reading the branch head, so a retry never commits twice."""
-    pause = 1.0
-    for n in range(1, ATTEMPTS + 1):
-        try:
-            return attempt()
-        except (HubUnavailable, HubRateLimited) as e:
-            if n == ATTEMPTS:
-                raise
-            log.warning("%s: %s; retrying in %.0f s", what, e.message, pause)
-            time.sleep(pause)
-            pause *= 2
-    raise AssertionError("unreachable")
+    """Each try must start by reading the branch head, so a retry never commits twice."""
+    return retrying(attempt, what=what, first_pause_s=1.0)
 
 
 def _publish_once(
