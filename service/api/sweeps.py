@@ -11,6 +11,7 @@ from sqlalchemy import select
 from service.api.deps import Context, ContextDep, TenantDep
 from service.db.models import Sweep
 from service.errors import NotFound
+from service.jobs import is_id
 from service.sweeps.advance import cancel_sweep
 from service.sweeps.create import create_sweep
 from service.sweeps.leaderboard import leaderboard, to_csv, to_markdown, to_png
@@ -22,7 +23,7 @@ router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
 
 def _get(context: Context, tenant: str, sweep_id: str) -> Sweep:
     with context.db.session() as session:
-        sweep = session.get(Sweep, sweep_id) if len(sweep_id) <= 32 else None
+        sweep = session.get(Sweep, sweep_id) if is_id(sweep_id) else None
         if sweep is None or sweep.tenant_id != tenant:
             raise NotFound(f"no such sweep: {sweep_id}")
         session.expunge(sweep)

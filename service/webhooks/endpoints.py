@@ -101,7 +101,7 @@ def create_endpoint(
 
 def get_endpoint(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:
     with db.session() as session:
-        endpoint = session.get(WebhookEndpoint, endpoint_id) if len(endpoint_id) <= 32 else None
+        endpoint = session.get(WebhookEndpoint, endpoint_id) if jobs.is_id(endpoint_id) else None
         if endpoint is None or endpoint.tenant_id != tenant or endpoint.deleted_at is not None:
             raise NotFound(f"no such webhook endpoint: {endpoint_id}")
         session.expunge(endpoint)
@@ -181,6 +181,8 @@ def list_deliveries(
     if endpoint_id is not None:
         query = query.where(WebhookDelivery.endpoint_id == endpoint_id)
     if subject_id is not None:
+        if not jobs.is_id(subject_id):
+            return []  # names nothing (and PostgreSQL would refuse the NUL byte)
         query = query.where(WebhookEvent.subject_id == subject_id)
     if status is not None:
         query = query.where(WebhookDelivery.status == status)
@@ -192,7 +194,7 @@ def list_deliveries(
 def replay(db: Database, tenant: str, delivery_id: str) -> dict[str, Any]:
     """Send an ended delivery again, now, with the same webhook-id (its attempts go on)."""
     with db.session() as session:
-        delivery = session.get(WebhookDelivery, delivery_id) if len(delivery_id) <= 32 else None
+        delivery = session.get(WebhookDelivery, delivery_id) if jobs.is_id(delivery_id) else None
         if delivery is None or delivery.tenant_id != tenant:
             raise NotFound(f"no such delivery: {delivery_id}")
         if delivery.endpoint_id is not None:

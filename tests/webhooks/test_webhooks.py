@@ -272,3 +272,9 @@ def test_unknown_event_types_and_ids_are_clear_errors(service: Service) -> None:
     assert response.status_code == 422
     assert service.client.get("/v1/webhooks/nope").status_code == 404
     assert service.client.post("/v1/webhooks/deliveries/nope/replay").status_code == 404
+    # An id with a NUL byte names nothing (PostgreSQL would refuse it in a query: not a 500).
+    assert service.client.get("/v1/webhooks/a%00b").status_code == 404
+    assert service.client.post("/v1/webhooks/deliveries/a%00b/replay").status_code == 404
+    assert service.client.get("/v1/sweeps/a%00b").status_code == 404
+    listed = service.client.get("/v1/webhooks/deliveries", params={"subject_id": "a\x00b"})
+    assert listed.status_code == 200 and listed.json()["items"] == []
