@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -162,32 +163,61 @@ def test_layer_swap_from_the_hub_to_the_hub(
     assert any(e["type"] == "progress" and e["data"]["stage"] == "downloading" for e in events)
 
 
-def test_only_the_shards_a_layer_swap_reads_are_downloaded(
+def shard_layout(path: Path) -> tuple[int, dict[str, slice]]:
+    """(bytes before the tensor data, {tensor: where its bytes are in the file}) read from a
+    safetensors header."""
+    with path.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    start = 8 + length
+    return start, {
+        k: slice(start + v["data_offsets"][0], start + v["data_offsets"][1])
+        for k, v in header.items()
+    }
+
+
+def read_by_swap(expert: str, tensor: str, bottom: int = 1, top: int = 1) -> bool:
+    """Whether swap() (non-layer tensors from the language expert) reads `tensor` of
+    `expert`: the task expert's layers bottom..LAYERS-top-1, the language expert's rest."""
+    match = re.match(r"model\.layers\.(\d+)\.", tensor)
+    middle = match is not None and bottom <= int(match.group(1)) < LAYERS - top
+    return middle == (expert == "math")
+
+
+def test_a_layer_swap_fetches_only_the_bytes_of_the_tensors_it_reads(
     service: Service, hub: Any, experts: dict[str, str], sharded_family: Path
 ) -> None:
-    done = service.wait(service.submit(swap())["id"])
+    done = service.wait(service.submit(swap(output={"name": "ranged"}))["id"])
     assert done["status"] == "succeeded", done["error"]
+    kinds = set()
+    fetched = used = shards_holding_used = 0
     for repo, expert in (("org/math", "math"), ("org/swh", "swh")):
-        shards = sorted(p for p in (sharded_family / expert).glob("*.safetensors"))
-        full = [p.name for p in shards if hub.bytes_served(repo, p.name) >= p.stat().st_size]
-        headers_only = [p.name for p in shards if p.name not in full]
-        assert full and headers_only, (repo, full)
-        for name in headers_only:  # only the header was read: a few KB of a larger file
-            size = (sharded_family / expert / name).stat().st_size
-            assert hub.bytes_served(repo, name) < size / 4, name
+        for shard in sorted((sharded_family / expert).glob("*.safetensors")):
+            header, tensors = shard_layout(shard)
+            read = sum(p.stop - p.start for t, p in tensors.items() if read_by_swap(expert, t))
+            size = shard.stat().st_size
+            if read == size - header:  # all of it: downloaded whole, after its header
+                expected, kind = header + size, "whole"
+            else:  # its header, then only the tensors read (none: the header alone)
+                expected, kind = header + read, "ranges" if read else "header"
+            kinds.add(kind)
+            assert hub.bytes_served(repo, shard.name) == expected, (repo, shard.name, kind)
+            fetched += expected
+            used += read
+            shards_holding_used += size if read else 0
         assert hub.bytes_served(repo, "config.json") > 0
-    # About half of each expert: the task expert's middle layers, the language expert's ends.
-    total = sum(
-        p.stat().st_size
-        for e in ("math", "swh")
-        for p in (sharded_family / e).glob("*.safetensors")
-    )
-    fetched = sum(
-        hub.bytes_served(repo, p.name)
-        for repo, e in (("org/math", "math"), ("org/swh", "swh"))
-        for p in (sharded_family / e).glob("*.safetensors")
-    )
-    assert fetched < 0.75 * total
+    assert kinds == {"whole", "ranges", "header"}  # the fixture exercises all three
+    assert fetched < shards_holding_used  # less than whole shards would have been
+    ranges = [r for r in hub.requests if r.method == "GET" and r.range and r.status == 206]
+    assert len(ranges) < 3 * 2 * 7, "adjacent tensors are fetched in one range"
+
+    # The merged model is the one computed from fully downloaded experts.
+    math, swh = load(sharded_family / "math"), load(sharded_family / "swh")
+    merged = load(service.settings.artifacts_dir / "default" / "ranged")
+    for name, tensor in merged.items():
+        expected_tensor = math[name] if read_by_swap("math", name) else swh[name]
+        assert torch.equal(tensor, expected_tensor), name
 
 
 def test_a_second_job_reuses_the_cache(service: Service, hub: Any, experts: dict[str, str]) -> None:
@@ -635,20 +665,90 @@ def test_concurrent_fetches_download_each_file_once(
     assert not errors, errors
     for repo, expert in (("org/math", "math"), ("org/swh", "swh")):
         for shard in (sharded_family / expert).glob("*.safetensors"):
-            served, size = hub.bytes_served(repo, shard.name), shard.stat().st_size
-            header = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
-            # the header once (the first fetch of it), then the whole file at most once
-            assert served in (header, header + size), (repo, shard.name, served, size)
+            header, tensors = shard_layout(shard)
+            read = sum(p.stop - p.start for t, p in tensors.items() if read_by_swap(expert, t))
+            size = shard.stat().st_size
+            # the header once, then the whole file or the ranges read, once
+            once = header + (size if read == size - header else read)
+            assert hub.bytes_served(repo, shard.name) == once, (repo, shard.name)
     for fetched in results:
         for source, view in fetched.directories.items():
-            for name in fetched.downloaded:
-                repo, _, file = name.rpartition("/")
-                if source.startswith(f"hf://{repo}@"):
-                    expert = "math" if "math" in repo else "swh"
-                    assert (view / file).read_bytes() == (
-                        sharded_family / expert / file
-                    ).read_bytes()
+            expert = "math" if "math" in source else "swh"
+            for shard in (sharded_family / expert).glob("*.safetensors"):
+                header, tensors = shard_layout(shard)
+                original, seen = shard.read_bytes(), (view / shard.name).read_bytes()
+                assert seen[:header] == original[:header]
+                for name, part in tensors.items():
+                    if read_by_swap(expert, name):
+                        assert seen[part] == original[part], (shard.name, name)
         fetched.close()
+
+
+def test_a_later_job_fetches_only_the_ranges_still_missing(
+    tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    """A swap with bottom 1, then one with bottom 2 over the same cache: the second fetches
+    the language expert's layer 1 and nothing else (the task expert's layers it reads are a
+    subset of the first's)."""
+    from worker.engine.recipe import parse_recipe
+    from worker.hub.fetch import fetch_inputs
+    from worker.hub.pin import pin_recipe
+
+    def fetch(bottom: int) -> None:
+        spec = swap()
+        spec["params"]["bottom"] = bottom
+        recipe, _ = pin_recipe(parse_recipe(spec), None)
+        fetch_inputs(recipe, cache_dir=tmp_path / "cache", token=None, local=Path).close()
+
+    fetch(1)
+    before = served(hub, sharded_family)
+    fetch(2)
+    after = served(hub, sharded_family)
+    for repo, expert in (("org/math", "math"), ("org/swh", "swh")):
+        for shard in sorted((sharded_family / expert).glob("*.safetensors")):
+            _, tensors = shard_layout(shard)
+            first = {t for t in tensors if read_by_swap(expert, t, bottom=1)}
+            second = {t for t in tensors if read_by_swap(expert, t, bottom=2)}
+            whole = sum(p.stop - p.start for p in tensors.values())
+            if sum(tensors[t].stop - tensors[t].start for t in second) == whole:
+                new = 0 if first == second else shard.stat().st_size  # a whole download
+            else:
+                new = sum(tensors[t].stop - tensors[t].start for t in second - first)
+            key = f"{repo}/{shard.name}"
+            assert after[key] - before[key] == new, (key, sorted(second - first))
+    assert sum(after.values()) > sum(before.values())  # layer 1 of swh was fetched
+
+
+def test_a_cut_range_is_resumed_from_where_it_stopped(
+    tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
+) -> None:
+    from worker.engine.recipe import parse_recipe
+    from worker.hub.fetch import fetch_inputs
+    from worker.hub.pin import pin_recipe
+
+    recipe, _ = pin_recipe(parse_recipe(swap()), None)
+    cache = tmp_path / "cache"
+    fetch_inputs(recipe, cache_dir=cache, token=None, local=Path, headers_only=True).close()
+    hub.clear_requests()
+    hub.fail_downloads(1, after_bytes=64)  # the next download, the first range, is cut
+    fetched = fetch_inputs(recipe, cache_dir=cache, token=None, local=Path)
+    downloads = [r for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    cut, resumed = downloads[0], downloads[1]
+    assert cut.fault == "cut" and cut.range and resumed.range
+    (cut_first, cut_last), (first, last) = (
+        map(int, r.range.removeprefix("bytes=").split("-")) for r in (cut, resumed)
+    )
+    assert resumed.path == cut.path and cut_first <= first <= cut_first + 64  # from what arrived
+    assert last == cut_last
+    for source, view in fetched.directories.items():  # the bytes read are the Hub's
+        expert = "math" if "math" in source else "swh"
+        for shard in (sharded_family / expert).glob("*.safetensors"):
+            _, tensors = shard_layout(shard)
+            original, seen = shard.read_bytes(), (view / shard.name).read_bytes()
+            for name, part in tensors.items():
+                if read_by_swap(expert, name):
+                    assert seen[part] == original[part], (shard.name, name)
+    fetched.close()
 
 
 def test_gated_sources_work_for_a_credential_with_access(

@@ -4,13 +4,20 @@
 2. Every safetensors shard is first present only as its header: the first 8 + N bytes, read
    with Range requests, in a sparse file of the shard's full size. The engine can open and plan
    with it (it reads headers only to plan).
-3. The plan says which tensors each input contributes; only the shards holding them are
-   downloaded. For a layer swap without transitions that is about half of each expert.
+3. The plan says which tensors each input contributes. A shard the merge reads all of is
+   downloaded whole; of any other, only the byte ranges of the tensors read are fetched (Range
+   requests, adjacent tensors in one) into that same sparse file. For a layer swap that is the
+   task expert's middle layers and the language expert's ends: the bytes used, not the shards
+   that hold them.
 
-Downloads go through huggingface_hub into a cache keyed by commit sha (its file locks make
-concurrent jobs fetching the same file safe, and each file is stored once); header files are
-written to a temporary name and renamed. Each job sees its inputs through a private directory
-of symlinks, removed when it ends.
+Whole files go through huggingface_hub into its cache keyed by commit sha (its file locks make
+concurrent jobs fetching the same file safe, and each file is stored once). Sparse shards are
+cached per commit too: a sidecar lists the ranges present, written (after the data is synced)
+under a file lock, so a later job fetches only what is still missing and a crash mid-range
+leaves that range missing, not wrong. A range cannot be checked against the file's sha256 (the
+Hub hashes whole files), so a sparse shard is used only where the listing gives that sha256 as
+the shard's identity; else the shard is downloaded whole. Each job sees its inputs through a
+private directory of symlinks, removed when it ends.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ log = logging.getLogger("layerswap.hub")
 T = TypeVar("T")
 SIDE_FILES = frozenset({"config.json", INDEX_FILE, *EXTRA_CONFIG_FILES, *TOKENIZER_FILES})
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+CHUNK = 1 << 20  # bytes written per read of a ranged response
 
 ProgressSink = Callable[[int, int], None]  # (bytes done, bytes total)
+Span = tuple[int, int]  # [first byte, end byte) of a file
 
 
 @dataclass
@@ -54,7 +63,8 @@ class FetchedInputs:
     directories: dict[str, Path] = field(default_factory=dict)
     digests: dict[Path, str] = field(default_factory=dict)
     pins: dict[str, PinnedRepo] = field(default_factory=dict)
-    downloaded: list[str] = field(default_factory=list)  # "repo/file", for the curious
+    downloaded: list[str] = field(default_factory=list)  # "repo/file" fetched whole
+    ranged: dict[str, list[Span]] = field(default_factory=dict)  # "repo/file": ranges read
     root: Path | None = None
 
     def resolver(self, local: Resolver) -> Resolver:
@@ -106,16 +116,39 @@ def fetch_inputs(
                     fetched.digests[view / name] = sha
         if headers_only:
             return fetched
-        needed = _needed_shards(recipe, fetched, local)
+        needed = _needed_spans(recipe, fetched, local)
+        whole: list[tuple[str, str]] = []
+        sparse: list[tuple[str, str, list[Span]]] = []
+        for source, shards in needed.items():
+            pinned, view = fetched.pins[source], fetched.directories[source]
+            for name, spans in sorted(shards.items()):
+                if cached := _cached(pinned, name, cache_dir):  # an earlier job read it all
+                    _link(view / name, cached)
+                elif (
+                    spans is None or not pinned.files[name].sha256 or _all_data(view / name, spans)
+                ):
+                    whole.append((source, name))
+                    meter.total += pinned.files[name].size
+                else:
+                    sparse.append((source, name, spans))
+        headers = {(s, n): _header_file(fetched.pins[s], n, cache_dir, token) for s, n, _ in sparse}
         meter.total += sum(
-            fetched.pins[s].files[n].size for s, names in needed.items() for n in names
+            _size(_subtract(spans, _present(headers[s, n]))) for s, n, spans in sparse
         )
-        for source, names in needed.items():
+        for source, name, spans in sparse:
+            pinned, header = fetched.pins[source], headers[source, name]
+            counted = _size(_subtract(spans, _present(header)))
+            with FileLock(f"{header}.lock"):  # concurrent jobs: one fetches, the others reuse
+                gaps = _subtract(spans, _present(header))
+                meter.add(max(0, counted - _size(gaps)))  # fetched meanwhile by another job
+                if gaps:
+                    _fill(pinned, name, token, header, gaps, meter)
+            fetched.ranged[f"{pinned.repo}/{name}"] = spans
+        for source, name in whole:
             pinned = fetched.pins[source]
-            for name in sorted(names):
-                path = _download(pinned, name, cache_dir, token, meter)
-                _link(fetched.directories[source] / name, path)
-                fetched.downloaded.append(f"{pinned.repo}/{name}")
+            path = _download(pinned, name, cache_dir, token, meter)
+            _link(fetched.directories[source] / name, path)
+            fetched.downloaded.append(f"{pinned.repo}/{name}")
         meter.report()
     except BaseException:
         fetched.close()
@@ -206,28 +239,73 @@ def _check_index(pinned: PinnedRepo, view: Path) -> None:
         )
 
 
-def _needed_shards(recipe: Recipe, fetched: FetchedInputs, local: Resolver) -> dict[str, set[str]]:
-    """Per Hub source, the shards holding a tensor the merge reads (all of them when the
-    recipe weighs inputs by magnitude: planning then reads the weights themselves)."""
+def _needed_spans(
+    recipe: Recipe, fetched: FetchedInputs, local: Resolver
+) -> dict[str, dict[str, list[Span] | None]]:
+    """Per Hub source and shard, the byte ranges of the tensors the merge reads, adjacent ones
+    joined (None: the whole shard, as when the recipe weighs inputs by magnitude: planning then
+    reads every weight)."""
     if _plans_with_data(recipe):
-        return {s: set(p.weight_files) for s, p in fetched.pins.items()}
+        return {s: dict.fromkeys(p.weight_files) for s, p in fetched.pins.items()}
     plan = make_plan(recipe, resolve=fetched.resolver(local))
     try:
-        by_input: dict[int, set[str]] = {}
+        by_input: dict[int, dict[str, list[Span]]] = {}
         for tensor in plan.tensors:
             sources = {term.source for term in tensor.terms}
             if tensor.op == "ties" and plan.ties is not None:
                 sources.add(plan.ties.base)
             for index in sources:
                 info = plan.checkpoints[index].tensors[tensor.name]
-                by_input.setdefault(index, set()).add(info.file.name)
-        needed: dict[str, set[str]] = {}
+                spans = by_input.setdefault(index, {}).setdefault(info.file.name, [])
+                spans.append((info.start, info.start + info.nbytes))
+        needed: dict[str, dict[str, list[Span] | None]] = {}
         for index, ref in enumerate(plan.inputs):
             if ref.source in fetched.pins:
-                needed.setdefault(ref.source, set()).update(by_input.get(index, set()))
+                shards = needed.setdefault(ref.source, {})
+                for name, spans in by_input.get(index, {}).items():
+                    shards[name] = _join(spans + (shards.get(name) or []))
         return needed
     finally:
         plan.close()
+
+
+def _join(spans: list[Span]) -> list[Span]:
+    """Sorted, with overlapping or adjacent spans made one."""
+    joined: list[Span] = []
+    for first, end in sorted(spans):
+        if joined and first <= joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(end, joined[-1][1]))
+        elif end > first:
+            joined.append((first, end))
+    return joined
+
+
+def _subtract(spans: list[Span], present: list[Span]) -> list[Span]:
+    """The parts of `spans` not in `present` (both joined)."""
+    gaps: list[Span] = []
+    for first, end in spans:
+        for have_first, have_end in present:
+            if have_end <= first or have_first >= end:
+                continue
+            if have_first > first:
+                gaps.append((first, have_first))
+            first = max(first, have_end)
+            if first >= end:
+                break
+        if first < end:
+            gaps.append((first, end))
+    return gaps
+
+
+def _size(spans: list[Span]) -> int:
+    return sum(end - first for first, end in spans)
+
+
+def _all_data(header_file: Path, spans: list[Span]) -> bool:
+    """Whether `spans` are all of the shard's tensor data (then it is downloaded whole)."""
+    with header_file.open("rb") as f:
+        data_start = 8 + int.from_bytes(f.read(8), "little")
+    return spans == [(data_start, header_file.stat().st_size)]
 
 
 def _plans_with_data(recipe: Recipe) -> bool:
@@ -269,6 +347,16 @@ def _download(
     return _retrying(once)
 
 
+def _cached(pinned: PinnedRepo, name: str, cache_dir: Path) -> Path | None:
+    """The whole file, if the client's cache has it."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(
+        pinned.repo, name, cache_dir=cache_dir / "files", revision=pinned.sha
+    )
+    return Path(found) if isinstance(found, str) else None
+
+
 def _header_file(pinned: PinnedRepo, name: str, cache_dir: Path, token: str | None) -> Path:
     """The shard's header in a sparse file of the shard's size (cached per commit)."""
     path = cache_dir / "headers" / pinned.repo / pinned.sha / name
@@ -299,6 +387,94 @@ def _write_header_file(pinned: PinnedRepo, name: str, token: str | None, path: P
         if is_disk_full(e):
             raise DiskFull.at(path.parent, f"the header of {where}") from None
         raise
+
+
+def _ranges_file(header_file: Path) -> Path:
+    return header_file.with_name(f"{header_file.name}.ranges.json")
+
+
+def _present(header_file: Path) -> list[Span]:
+    """The data ranges of a sparse shard already fetched (none if its list is unreadable)."""
+    try:
+        spans = json.loads(_ranges_file(header_file).read_text())
+        return _join([(int(first), int(end)) for first, end in spans])
+    except FileNotFoundError:
+        return []
+    except (ValueError, TypeError):
+        log.warning("%s: unreadable list of fetched ranges; fetching them again", header_file)
+        return []
+
+
+def _fill(
+    pinned: PinnedRepo,
+    name: str,
+    token: str | None,
+    header_file: Path,
+    gaps: list[Span],
+    meter: _Meter,
+) -> None:
+    """Fetch `gaps` into the sparse shard, sync it, then add them to its list (the caller
+    holds the shard's lock)."""
+    present = _present(header_file)
+    fd = os.open(header_file, os.O_WRONLY)
+    try:
+        for first, end in gaps:
+            _fetch_span(pinned, name, token, fd, first, end, meter)
+        os.fsync(fd)
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFull.at(
+                header_file.parent, f"hf://{pinned.repo}@{pinned.sha}/{name}"
+            ) from None
+        raise
+    finally:
+        os.close(fd)
+    listing = _ranges_file(header_file)
+    tmp = listing.with_name(f".{listing.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(_join(present + gaps)))
+    os.replace(tmp, listing)
+
+
+def _fetch_span(
+    pinned: PinnedRepo, name: str, token: str | None, fd: int, first: int, end: int, meter: _Meter
+) -> None:
+    """Bytes [first, end) of the file into `fd` at the same offsets; a retry after a dropped
+    connection asks only for the rest."""
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+
+    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
+    done = first
+
+    def once() -> None:
+        nonlocal done
+        meter.check()
+        with hub_errors(where):
+            headers = build_hf_headers(token=token or False)
+            headers["Range"] = f"bytes={done}-{end - 1}"
+            url = hf_hub_url(pinned.repo, name, revision=pinned.sha)
+            with get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True
+            ) as response:
+                if response.is_error:
+                    response.read()  # the error's details are in the body
+                hf_raise_for_status(response)
+                if response.status_code != 206:
+                    raise HubError(f"{where}: the Hub did not answer a Range request with a range")
+                for chunk in response.iter_bytes(CHUNK):
+                    if done + len(chunk) > end:
+                        raise HubError(f"{where}: the Hub sent more than the range asked for")
+                    os.pwrite(fd, chunk, done)
+                    done += len(chunk)
+                    meter.add(len(chunk))
+        if done != end:
+            raise HubError(
+                f"{where}: the Hub sent {done - first} bytes of a {end - first}-byte range"
+            )
+
+    _retrying(once)
 
 
 def _read_range(pinned: PinnedRepo, name: str, token: str | None, first: int, last: int) -> bytes:
