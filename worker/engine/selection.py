@@ -51,6 +51,13 @@ def keep_mask(magnitude: torch.Tensor, top: TopK, ties_left: int) -> tuple[torch
     return keep, ties_left
 
 
+def trim(delta: torch.Tensor, top: TopK, ties_left: int) -> tuple[torch.Tensor, int]:
+    """`delta` with the entries of this chunk that are not kept zeroed, and the tie quota
+    left after it."""
+    keep, ties_left = keep_mask(delta.abs(), top, ties_left)
+    return torch.where(keep, delta, 0.0), ties_left
+
+
 def _first_two(chunks: ChunkSource) -> list[torch.Tensor]:
     taken = []
     for chunk in chunks():

@@ -2,18 +2,18 @@
 
 Every output file's header is known before a byte is written, so every tensor has a fixed
 offset. That lets copies and computed chunks land independently: copies are queued up front as
-file ranges (moved with copy_file_range, no user-space buffer), computed chunks are written
-at their offsets as they come, and the two interleave — the disk is busy while torch computes.
-A hasher thread follows behind, reading each file back in order from the page cache as soon as
-its next range is complete, so every sha256 is of the bytes actually written.
+file ranges (moved through one reused buffer), computed chunks are written at their offsets
+as they come, and the two interleave — the disk is busy while torch computes. Hashing threads
+(one per file at a time, several files side by side) follow behind, reading each file back in
+order from the page cache as soon as its next range is complete, so every sha256 is of the
+bytes actually written.
 
-Memory is bounded: computed chunks in flight are capped at `max_buffered` bytes; copies hold
-no memory at all.
+Memory is bounded: computed chunks in flight are capped at `max_buffered` bytes; copies and
+hashing hold one block-sized buffer per thread.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import threading
@@ -26,7 +26,7 @@ from worker.engine.errors import DiskFull, OutputError, is_disk_full
 
 BLOCK = 8 * 1024 * 1024
 COPY_PIECE = 64 * 1024 * 1024
-_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
+HASHING_THREADS = max(1, min(4, os.cpu_count() or 1))  # hashlib releases the GIL
 
 
 @dataclass
@@ -79,7 +79,8 @@ class OutputWriter:
         self._writer_done = False
         self._error: BaseException | None = None
         self._state = threading.Condition()
-        self._use_copy_range = hasattr(os, "copy_file_range")
+        self._copy_buffer = bytearray(BLOCK)
+        self._next_to_hash = 0  # index of the next file a hashing thread takes
         try:
             for name, header, size in files:
                 fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -94,9 +95,13 @@ class OutputWriter:
                     raise DiskFull.at(directory, "the output's shard headers") from None
                 raise OutputError(f"cannot create the output files in {directory}: {e}") from None
             raise
+        hashers = min(len(files), HASHING_THREADS)
         self._threads = [
             threading.Thread(target=self._guard, args=(self._write_loop,), daemon=True),
-            threading.Thread(target=self._guard, args=(self._hash_loop,), daemon=True),
+            *(
+                threading.Thread(target=self._guard, args=(self._hash_loop,), daemon=True)
+                for _ in range(hashers)
+            ),
         ]
         for thread in self._threads:
             thread.start()
@@ -214,30 +219,27 @@ class OutputWriter:
                 os.fdatasync(out.fd)
 
     def _copy(self, item: _Copy, fd: int) -> None:
+        """Through a user-space buffer: on ext4 (no reflinks) this measured 1.5-4x faster than
+        copy_file_range, which falls back to splicing page by page."""
         src_offset, offset, length = item.src_offset, item.offset, item.length
-        while length and self._use_copy_range:
-            try:
-                n = os.copy_file_range(item.src, fd, length, src_offset, offset)
-            except OSError as e:
-                if e.errno not in _FALLBACK_ERRNOS:
-                    raise
-                self._use_copy_range = False
-                break
-            if n == 0:
-                raise OutputError("input ended while copying (file truncated?)")
-            src_offset, offset, length = src_offset + n, offset + n, length - n
-        buffer = bytearray(min(BLOCK, length))
+        view = memoryview(self._copy_buffer)
         while length:
-            view = memoryview(buffer)[: min(BLOCK, length)]
-            n = os.preadv(item.src, [view], src_offset)
+            n = os.preadv(item.src, [view[: min(BLOCK, length)]], src_offset)
             if n == 0:
                 raise OutputError("input ended while copying (file truncated?)")
             _pwrite_all(fd, view[:n], offset)
             src_offset, offset, length = src_offset + n, offset + n, length - n
 
     def _hash_loop(self) -> None:
+        """Hash whole files, taking the next one not yet taken: the files' sha256s, each
+        inherently serial, are computed side by side."""
         buffer = bytearray(BLOCK)
-        for out in self._files:
+        while True:
+            with self._state:
+                if self._next_to_hash >= len(self._files):
+                    return
+                out = self._files[self._next_to_hash]
+                self._next_to_hash += 1
             sha = hashlib.sha256()
             while out.hashed < out.size:
                 end = self._next_range(out)
