@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -58,7 +59,14 @@ class ApiKey(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        # the list routes' filters and order (migration 0007)
+        Index("ix_jobs_tenant_kind_created", "tenant_id", "kind", "created_at", "id"),
+        Index(
+            "ix_jobs_tenant_kind_status_created", "tenant_id", "kind", "status", "created_at", "id"
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
@@ -98,7 +106,10 @@ class Sweep(Base):
     its status follows theirs (service/sweeps/advance.py)."""
 
     __tablename__ = "sweeps"
-    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key"),)
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        Index("ix_sweeps_tenant_created", "tenant_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
@@ -116,6 +127,7 @@ class Sweep(Base):
 
 class JobEvent(Base):
     __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
@@ -221,6 +233,10 @@ class WebhookDelivery(Base):
     """One event to one endpoint (or to a job's one-off URL), with every attempt."""
 
     __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     event_id: Mapped[str] = mapped_column(ForeignKey("webhook_events.id"), index=True)

@@ -186,7 +186,8 @@ def list_deliveries(
         query = query.where(WebhookEvent.subject_id == subject_id)
     if status is not None:
         query = query.where(WebhookDelivery.status == status)
-    query = query.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id).limit(limit)
+    query = query.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
+    query = query.limit(limit)
     with db.session() as session:
         return [delivery_view(d, e) for d, e in session.execute(query).all()]
 
