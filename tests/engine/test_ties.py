@@ -176,7 +176,7 @@ def test_top_k_selection_is_exact(values: torch.Tensor, k_fraction: float) -> No
     k = max(1, math.ceil(k_fraction * numel))
     expected = top_k_mask(values, k / numel)
     for size in (1000, numel):
-        top = top_k(_chunked(values, size), k)
+        top = top_k(_chunked(values, size), k, numel=numel, in_memory=numel if size == numel else 0)
         assert top.threshold == float(torch.topk(values, k).values[-1])
         left = top.ties
         masks = []
