@@ -17,28 +17,39 @@ from typing import Any
 from worker.engine.errors import MergeCanceled
 from worker.engine.plan import Plan, TensorPlan
 from worker.engine.progress import CancelCheck, Progress, ProgressCallback
-from worker.engine.safetensors_format import encode_header
+from worker.engine.safetensors_format import DTYPE_SIZES, encode_header
 from worker.engine.writer import OutputWriter
 
 READ_AHEAD = 64 * 1024 * 1024
 
 
 def shard_layout(plan: Plan) -> list[tuple[bytes, list[int]]]:
-    """Per shard: its header and the absolute file offset of each of its tensors."""
+    """Per shard: its header and the absolute file offset of each of its tensors.
+
+    Inside a shard, copied tensors come before computed ones (within each item size, the
+    larger first, as the safetensors library orders them, so every tensor stays aligned to
+    its item size). A shard's sha256 is computed in file order as its bytes are written, so
+    this lets hashing run through the copies while torch is imported and the computed tensors
+    are made, instead of waiting behind a computed first tensor (a layer swap's lm_head)."""
     layout = []
     for shard in plan.shards:
         entries: dict[str, dict[str, Any]] = {}
-        relative = []
+        offsets: dict[int, int] = {}
         offset = 0
+        for index in sorted(shard.tensors, key=lambda i: _write_order(plan.tensors[i])):
+            offsets[index] = offset
+            offset += plan.tensors[index].nbytes
         for index in shard.tensors:
-            t = plan.tensors[index]
+            t, start = plan.tensors[index], offsets[index]
             entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
-                               "data_offsets": [offset, offset + t.nbytes]}  # fmt: skip
-            relative.append(offset)
-            offset += t.nbytes
+                               "data_offsets": [start, start + t.nbytes]}  # fmt: skip
         header = encode_header(entries, {"format": "pt"})
-        layout.append((header, [len(header) + r for r in relative]))
+        layout.append((header, [len(header) + offsets[i] for i in shard.tensors]))
     return layout
+
+
+def _write_order(tensor: TensorPlan) -> tuple[int, bool]:
+    return -DTYPE_SIZES[tensor.dtype], tensor.op != "copy"  # a stable sort keeps the rest
 
 
 def stream_shards(
