@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from service.changes import touched
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
@@ -29,6 +29,7 @@ from service.settings import Settings
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
 SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
+OUTPUT = joinedload(Job.output_artifact)  # read with the job: a view needs it (merges.read_job)
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
 
@@ -184,10 +185,10 @@ def output_dir(settings: Settings, job: Job) -> Path:
 
 def get(db: Database, *, tenant: str, job_id: str, kind: str | None = None) -> Job:
     with db.session() as session:
-        job = session.get(Job, job_id) if is_id(job_id) else None
-        if job is None or job.tenant_id != tenant or (kind and job.kind != kind):
+        found = session.get(Job, job_id, options=[OUTPUT]) if is_id(job_id) else None
+        if found is None or found.tenant_id != tenant or (kind and found.kind != kind):
             raise NotFound(f"no such job: {job_id}")
-        return job
+        return found
 
 
 def list_jobs(
@@ -220,7 +221,7 @@ def list_jobs(
         query = query.where(
             or_(Job.created_at < created, and_(Job.created_at == created, Job.id < last_id))
         )
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1).options(OUTPUT)
     with db.session() as session:
         jobs = list(session.scalars(query))
     more = len(jobs) > limit

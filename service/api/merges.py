@@ -11,6 +11,7 @@ from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
+from sqlalchemy import inspect
 
 from service import jobs
 from service.api import polling
@@ -53,7 +54,7 @@ MAX_EVENT_ID = 2**63 - 1  # larger ids cannot be compared in SQLite (OverflowErr
 def read_job(context: Context, job: Job) -> JobRead:
     output = None
     if job.output_artifact_id:
-        artifact: Artifact = get_artifact(
+        artifact = loaded_output(job) or get_artifact(
             context.db, tenant=job.tenant_id, artifact_id=job.output_artifact_id
         )
         files = [FileRead(name=n, sha256=s) for n, s in sorted(artifact.files.items())]
@@ -79,6 +80,12 @@ def read_job(context: Context, job: Job) -> JobRead:
             },
         }
     return view
+
+
+def loaded_output(job: Job) -> Artifact | None:
+    """The output artifact when it was read with the job (jobs.OUTPUT), else None."""
+    loaded = inspect(job).attrs.output_artifact.loaded_value
+    return loaded if isinstance(loaded, Artifact) else None
 
 
 def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[str, str]]:

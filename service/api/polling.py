@@ -47,6 +47,9 @@ def answer(view: BaseModel) -> Answer:
     """A job view's JSON, and its version without the ETA (which moves as time passes: an ETag
     over it would change on every read, and a long poll would never wait)."""
     body = view.model_dump_json().encode()
+    progress = getattr(view, "progress", None)
+    if getattr(progress, "eta_s", None) is None:  # no ETA (every ended job): one dump
+        return Answer(body, body)
     return Answer(body, view.model_dump_json(exclude={"progress": {"eta_s"}}).encode())
 
 

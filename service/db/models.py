@@ -18,7 +18,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
@@ -91,6 +91,9 @@ class Job(Base):
     # Hub sources as asked for and the commit each was pinned to at submit time.
     sources: Mapped[list[Any] | None] = mapped_column(JSON)
     output_artifact_id: Mapped[str | None] = mapped_column(ForeignKey("artifacts.id"))
+    # Loaded only where asked for (jobs.get, list_jobs: with the job, not by a query per view);
+    # touching it unloaded raises instead of querying behind the caller's back.
+    output_artifact: Mapped[Artifact | None] = relationship(lazy="raise", viewonly=True)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, index=True
     )
