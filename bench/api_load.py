@@ -477,8 +477,9 @@ async def poll_phase(
     phase = Phase(target.kind, name)
     warmup = Phase(target.kind, f"{name} warm-up")
     meter = CpuMeter(target)
-    began = time.perf_counter()
-    window_start, window_end = began + warmup_s, began + warmup_s + duration_s
+    # Set once the clients exist (below): making 200 of them takes seconds (an SSL context
+    # each), which an open-loop schedule started before would count as server latency.
+    began = window_start = window_end = 0.0
 
     async def poller(http: httpx.AsyncClient, first: int) -> None:
         k = first
@@ -520,6 +521,8 @@ async def poll_phase(
 
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(client(target.base_url)) for _ in range(pollers)]
+        began = time.perf_counter()
+        window_start, window_end = began + warmup_s, began + warmup_s + duration_s
         await asyncio.gather(window(), *(poller(http, i) for i, http in enumerate(clients)))
     phase.wall_s = duration_s
     phase.warmup_failures = warmup.non_2xx + sum(warmup.transport_errors.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -53,6 +54,10 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         deliverer.start()
         if listener is not None:
             listener.start()
+        # Everything made so far (the imported libraries: ~300k objects with torch) lives as
+        # long as the process; frozen, a full garbage collection no longer walks it (measured:
+        # 0.15-0.2 s pauses in the middle of requests, the open-loop p99).
+        gc.freeze()
         yield
         if listener is not None:
             listener.stop()
