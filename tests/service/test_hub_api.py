@@ -185,6 +185,20 @@ def read_by_swap(expert: str, tensor: str, bottom: int = 1, top: int = 1) -> boo
     return middle == (expert == "math")
 
 
+def assert_views_hold_what_the_swap_reads(fetched: Any, family: Path) -> None:
+    """Every shard a fetch's views show has the original's header and, of every tensor swap()
+    reads, the original's bytes."""
+    for source, view in fetched.directories.items():
+        expert = "math" if "math" in source else "swh"
+        for shard in (family / expert).glob("*.safetensors"):
+            header, tensors = shard_layout(shard)
+            original, seen = shard.read_bytes(), (view / shard.name).read_bytes()
+            assert seen[:header] == original[:header], shard.name
+            for name, part in tensors.items():
+                if read_by_swap(expert, name):
+                    assert seen[part] == original[part], (shard.name, name)
+
+
 def test_a_layer_swap_fetches_only_the_bytes_of_the_tensors_it_reads(
     service: Service, hub: Any, experts: dict[str, str], sharded_family: Path
 ) -> None:
@@ -672,15 +686,7 @@ def test_concurrent_fetches_download_each_file_once(
             once = header + (size if read == size - header else read)
             assert hub.bytes_served(repo, shard.name) == once, (repo, shard.name)
     for fetched in results:
-        for source, view in fetched.directories.items():
-            expert = "math" if "math" in source else "swh"
-            for shard in (sharded_family / expert).glob("*.safetensors"):
-                header, tensors = shard_layout(shard)
-                original, seen = shard.read_bytes(), (view / shard.name).read_bytes()
-                assert seen[:header] == original[:header]
-                for name, part in tensors.items():
-                    if read_by_swap(expert, name):
-                        assert seen[part] == original[part], (shard.name, name)
+        assert_views_hold_what_the_swap_reads(fetched, sharded_family)
         fetched.close()
 
 
@@ -740,14 +746,7 @@ def test_a_cut_range_is_resumed_from_where_it_stopped(
     )
     assert resumed.path == cut.path and cut_first <= first <= cut_first + 64  # from what arrived
     assert last == cut_last
-    for source, view in fetched.directories.items():  # the bytes read are the Hub's
-        expert = "math" if "math" in source else "swh"
-        for shard in (sharded_family / expert).glob("*.safetensors"):
-            _, tensors = shard_layout(shard)
-            original, seen = shard.read_bytes(), (view / shard.name).read_bytes()
-            for name, part in tensors.items():
-                if read_by_swap(expert, name):
-                    assert seen[part] == original[part], (shard.name, name)
+    assert_views_hold_what_the_swap_reads(fetched, sharded_family)  # the Hub's bytes
     fetched.close()
 
 

@@ -28,7 +28,8 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -131,18 +132,19 @@ def fetch_inputs(
                     meter.total += pinned.files[name].size
                 else:
                     sparse.append((source, name, spans))
-        headers = {(s, n): _header_file(fetched.pins[s], n, cache_dir, token) for s, n, _ in sparse}
-        meter.total += sum(
-            _size(_subtract(spans, _present(headers[s, n]))) for s, n, spans in sparse
-        )
+        missing = []  # (source, name, spans, header file, bytes not yet fetched)
         for source, name, spans in sparse:
-            pinned, header = fetched.pins[source], headers[source, name]
-            counted = _size(_subtract(spans, _present(header)))
+            header = _header_file(fetched.pins[source], name, cache_dir, token)
+            missing.append((source, name, spans, header, _size(_subtract(spans, _present(header)))))
+        meter.total += sum(counted for *_, counted in missing)
+        for source, name, spans, header, counted in missing:
+            pinned = fetched.pins[source]
             with FileLock(f"{header}.lock"):  # concurrent jobs: one fetches, the others reuse
-                gaps = _subtract(spans, _present(header))
+                present = _present(header)
+                gaps = _subtract(spans, present)
                 meter.add(max(0, counted - _size(gaps)))  # fetched meanwhile by another job
                 if gaps:
-                    _fill(pinned, name, token, header, gaps, meter)
+                    _fill(pinned, name, token, header, present, gaps, meter)
             fetched.ranged[f"{pinned.repo}/{name}"] = spans
         for source, name in whole:
             pinned = fetched.pins[source]
@@ -410,12 +412,12 @@ def _fill(
     name: str,
     token: str | None,
     header_file: Path,
+    present: list[Span],
     gaps: list[Span],
     meter: _Meter,
 ) -> None:
-    """Fetch `gaps` into the sparse shard, sync it, then add them to its list (the caller
-    holds the shard's lock)."""
-    present = _present(header_file)
+    """Fetch `gaps` into the sparse shard, sync it, then add them to its list of `present`
+    ranges (the caller holds the shard's lock)."""
     fd = os.open(header_file, os.O_WRONLY)
     try:
         for first, end in gaps:
@@ -440,35 +442,21 @@ def _fetch_span(
 ) -> None:
     """Bytes [first, end) of the file into `fd` at the same offsets; a retry after a dropped
     connection asks only for the rest."""
-    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
-
-    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
-
     where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
     done = first
 
     def once() -> None:
         nonlocal done
         meter.check()
-        with hub_errors(where):
-            headers = build_hf_headers(token=token or False)
-            headers["Range"] = f"bytes={done}-{end - 1}"
-            url = hf_hub_url(pinned.repo, name, revision=pinned.sha)
-            with get_session().stream(
-                "GET", url, headers=headers, follow_redirects=True
-            ) as response:
-                if response.is_error:
-                    response.read()  # the error's details are in the body
-                hf_raise_for_status(response)
-                if response.status_code != 206:
-                    raise HubError(f"{where}: the Hub did not answer a Range request with a range")
-                for chunk in response.iter_bytes(CHUNK):
-                    if done + len(chunk) > end:
-                        raise HubError(f"{where}: the Hub sent more than the range asked for")
-                    os.pwrite(fd, chunk, done)
-                    done += len(chunk)
-                    meter.add(len(chunk))
+        with _range_get(pinned, name, token, done, end - 1) as response:
+            if response.status_code != 206:
+                raise HubError(f"{where}: the Hub did not answer a Range request with a range")
+            for chunk in response.iter_bytes(CHUNK):
+                if done + len(chunk) > end:
+                    raise HubError(f"{where}: the Hub sent more than the range asked for")
+                os.pwrite(fd, chunk, done)
+                done += len(chunk)
+                meter.add(len(chunk))
         if done != end:
             raise HubError(
                 f"{where}: the Hub sent {done - first} bytes of a {end - first}-byte range"
@@ -484,27 +472,36 @@ def _read_range(pinned: PinnedRepo, name: str, token: str | None, first: int, la
 def _read_range_once(
     pinned: PinnedRepo, name: str, token: str | None, first: int, last: int
 ) -> bytes:
-    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
-
-    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
-
     where = f"hf://{pinned.repo}@{pinned.sha}/{name}"
-    with hub_errors(where):
-        headers = build_hf_headers(token=token or False)
-        headers["Range"] = f"bytes={first}-{last}"
-        response = get_session().get(
-            hf_hub_url(pinned.repo, name, revision=pinned.sha),
-            headers=headers,
-            follow_redirects=True,
-        )
-        hf_raise_for_status(response)
-    data = bytes(response.content)
+    with _range_get(pinned, name, token, first, last) as response:
+        data = bytes(response.read())
     if len(data) != last - first + 1:
         raise HubError(
             f"{where}: the Hub sent {len(data)} bytes for a {last - first + 1}-byte range"
         )
     return data
+
+
+@contextmanager
+def _range_get(
+    pinned: PinnedRepo, name: str, token: str | None, first: int, last: int
+) -> Iterator[Any]:
+    """The streamed answer to a GET of bytes first..last (inclusive) of the file; the client's
+    errors translated (hub_errors) while it is open."""
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+
+    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    with hub_errors(f"hf://{pinned.repo}@{pinned.sha}/{name}"):
+        headers = build_hf_headers(token=token or False)
+        headers["Range"] = f"bytes={first}-{last}"
+        url = hf_hub_url(pinned.repo, name, revision=pinned.sha)
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            if response.is_error:
+                response.read()  # the error's details are in the body
+            hf_raise_for_status(response)
+            yield response
 
 
 class _Meter:
