@@ -11,8 +11,9 @@ largest working set, which the chunk sizes bound).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
+
+from worker.engine import libc
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -23,13 +24,9 @@ TRIM_THRESHOLD = 1024 * 1024 * 1024  # free heap kept before any is returned
 @functools.cache
 def keep_freed_memory() -> bool:
     """Once per process; False where the C library is not glibc (nothing changed)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = libc.function("mallopt", ctypes.c_int, ctypes.c_int)
+    if mallopt is None:
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.engine import libc
 from worker.engine.errors import DiskFull, OutputError, is_disk_full
 
 BLOCK = 8 * 1024 * 1024
@@ -281,18 +282,9 @@ class OutputWriter:
                 out.fd = -1
 
 
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.sync_file_range
-    except (OSError, AttributeError):  # not Linux
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call  # type: ignore[no-any-return]
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE = libc.function(
+    "sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint
+)
 _SYNC_FILE_RANGE_WRITE = 2
 
 
