@@ -57,10 +57,10 @@ class Kernels:
                 out = self._linear(tensor, start, count)
             yield out.to(TORCH_DTYPES[tensor.dtype]).cpu()
 
-    @staticmethod
-    def as_bytes(chunk: torch.Tensor) -> memoryview:
-        """The chunk's bytes, without a copy."""
-        return chunk.view(-1).view(torch.uint8).numpy().data
+    def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
+        """The tensor's output bytes, a chunk at a time, in order (no copies)."""
+        for chunk in self.chunks(tensor):
+            yield chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
         checkpoint = self.plan.checkpoints[source]

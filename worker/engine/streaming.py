@@ -2,17 +2,19 @@
 
 Copies are queued first, as file ranges (never decoded, no memory held); then computed tensors
 are produced chunk by chunk and written at their offsets while those copies proceed, so the
-disk and the arithmetic overlap (writer.py). torch itself (seconds to import) is loaded only
-once the copies are under way. Cancellation is checked between tensors and
-chunks; progress is reported between chunks and, while the last writes drain, every half second.
+disk and the arithmetic overlap (writer.py). Linear plans on the CPU compute in numpy
+(linear_kernels.py); torch, seconds to import, is loaded only for the rest, once the copies are
+under way. Cancellation is checked between tensors and chunks; progress is reported between
+chunks and, while the last writes drain, every half second.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from worker.engine.errors import MergeCanceled
 from worker.engine.plan import Plan, TensorPlan
@@ -94,11 +96,7 @@ def stream_shards(
         for file, tensor, offset in placed:
             if tensor.op == "copy":
                 _queue_copy(plan, tensor, writer, file, offset)
-        from worker.engine.kernels import Kernels  # imports torch, while the copies run
-
-        kernels = Kernels(
-            plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel
-        )
+        kernels = _kernels(plan, device, chunk_elements, check_cancel)
         for file, tensor, offset in placed:
             if tensor.op != "copy":
                 check_cancel()
@@ -117,6 +115,24 @@ def stream_shards(
     return writer.digests
 
 
+class ChunkKernels(Protocol):
+    def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]: ...
+
+
+def _kernels(
+    plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
+) -> ChunkKernels:
+    """numpy for linear plans on the CPU; torch (seconds to import, while the copies run) for
+    the rest."""
+    from worker.engine import linear_kernels
+
+    if linear_kernels.handles(plan, device):
+        return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
+    from worker.engine.kernels import Kernels
+
+    return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
+
+
 def _queue_copy(
     plan: Plan, tensor: TensorPlan, writer: OutputWriter, file: int, offset: int
 ) -> None:
@@ -129,18 +145,17 @@ def _write_computed(
     plan: Plan,
     tensor: TensorPlan,
     writer: OutputWriter,
-    kernels: Any,
+    kernels: ChunkKernels,
     file: int,
     offset: int,
-    check_cancel: Any,
+    check_cancel: Callable[[], None],
 ) -> None:
     _advise_read_ahead(plan, tensor)
     end = offset + tensor.nbytes
     if tensor.nbytes == 0:
         writer.put_bytes(file, offset, memoryview(b""), ends_tensor=True)
-    for chunk in kernels.chunks(tensor):
+    for data in kernels.output_bytes(tensor):
         check_cancel()
-        data = kernels.as_bytes(chunk)
         writer.put_bytes(file, offset, data, ends_tensor=offset + len(data) == end)
         offset += len(data)
 
