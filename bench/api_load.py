@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import platform
@@ -409,6 +410,27 @@ class CpuMeter:
         phase.cpu_s = used
 
 
+@contextlib.contextmanager
+def client_collector_paused(enabled: bool) -> Iterator[None]:
+    """The measured part of a phase, with this client's garbage collector off (unless `enabled`,
+    --client-gc): collected and frozen first, collected again afterwards. Every httpx request
+    leaves a reference cycle (~40 objects: Response, streams, Request, URL, events), so the
+    collector ran often, and its full passes stopped the event loop, and with it all the
+    simulated clients at once, for 0.09-0.38 s every few seconds (gc.callbacks): an open-loop
+    p99 of 120-250 ms whatever the server did (its own pauses were 10-40 ms), and idle
+    server time in the closed loops. Real clients are separate processes; the garbage a phase
+    leaves (~0.3 GB at 25k requests) is collected between phases."""
+    gc.collect()
+    gc.freeze()  # what is alive now (libraries, the clients) is walked by no pass below
+    if not enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def client(base_url: str, connections: int = 1) -> httpx.AsyncClient:
     """One per simulated client. httpx's connection pool does work per request that grows
     with its number of connections: with one shared pool of 200 connections this client used a
@@ -423,7 +445,7 @@ def client(base_url: str, connections: int = 1) -> httpx.AsyncClient:
 
 
 async def submit_phase(
-    target: Deployment, name: str, submits: int, concurrency: int
+    target: Deployment, name: str, submits: int, concurrency: int, *, client_gc: bool = False
 ) -> tuple[Phase, list[str], float]:
     """`submits` POSTs from `concurrency` closed-loop clients: (phase, job ids, start epoch)."""
     phase = Phase(target.kind, name)
@@ -449,12 +471,13 @@ async def submit_phase(
         ]
         for http in clients:  # connect before the clock starts
             (await http.get("/healthz")).raise_for_status()
-        started_epoch = time.time()
-        began = time.perf_counter()
-        meter.start()
-        await asyncio.gather(*(one_client(http) for http in clients))
-        phase.wall_s = time.perf_counter() - began
-        meter.stop(phase)
+        with client_collector_paused(client_gc):
+            started_epoch = time.time()
+            began = time.perf_counter()
+            meter.start()
+            await asyncio.gather(*(one_client(http) for http in clients))
+            phase.wall_s = time.perf_counter() - began
+            meter.stop(phase)
     return phase, ids, started_epoch
 
 
@@ -468,6 +491,7 @@ async def poll_phase(
     name: str = "poll",
     conditional: bool = False,
     rate: float = 0.0,
+    client_gc: bool = False,
 ) -> Phase:
     """Pollers over `ids`; only requests that complete inside the measured window count (those
     in flight at its end are awaited and dropped). Closed loop (`rate` 0: the next request as
@@ -521,9 +545,10 @@ async def poll_phase(
 
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(client(target.base_url)) for _ in range(pollers)]
-        began = time.perf_counter()
-        window_start, window_end = began + warmup_s, began + warmup_s + duration_s
-        await asyncio.gather(window(), *(poller(http, i) for i, http in enumerate(clients)))
+        with client_collector_paused(client_gc):
+            began = time.perf_counter()
+            window_start, window_end = began + warmup_s, began + warmup_s + duration_s
+            await asyncio.gather(window(), *(poller(http, i) for i, http in enumerate(clients)))
     phase.wall_s = duration_s
     phase.warmup_failures = warmup.non_2xx + sum(warmup.transport_errors.values())
     return phase
@@ -601,8 +626,9 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     say = print
     say(f"[{target.kind}] {target.description}; API at {target.base_url}", flush=True)
     warm, warm_ids, _ = await submit_phase(
-        target, "submit warm-up", args.warmup_submits, min(args.concurrency, 8)
-    )
+        target, "submit warm-up", args.warmup_submits, min(args.concurrency, 8),
+        client_gc=args.client_gc,
+    )  # fmt: skip
     if warm.non_2xx or warm.transport_errors:
         raise RuntimeError(f"warm-up submits failed: {warm.summary()}")
     async with client(target.base_url, 8) as http:
@@ -613,7 +639,7 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     say(f"[{target.kind}] warm-up done ({len(warm_ids)} jobs ran)", flush=True)
 
     submit, ids, started_epoch = await submit_phase(
-        target, "submit", args.submits, args.concurrency
+        target, "submit", args.submits, args.concurrency, client_gc=args.client_gc
     )
     say(f"[{target.kind}] submit: {fmt_summary(submit)}", flush=True)
     if not ids:
@@ -623,16 +649,18 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     drain.drained = drain.drained and drained
     say(f"[{target.kind}] drain: {drain}", flush=True)
 
-    poll = await poll_phase(target, ids, args.pollers, args.poll_warmup, args.duration)
+    poll = await poll_phase(
+        target, ids, args.pollers, args.poll_warmup, args.duration, client_gc=args.client_gc
+    )
     say(f"[{target.kind}] poll: {fmt_summary(poll)}", flush=True)
     conditional = await poll_phase(
         target, ids, args.pollers, args.poll_warmup, args.duration,
-        name="poll, If-None-Match", conditional=True,
+        name="poll, If-None-Match", conditional=True, client_gc=args.client_gc,
     )  # fmt: skip
     say(f"[{target.kind}] conditional poll: {fmt_summary(conditional)}", flush=True)
     open_loop = await poll_phase(
         target, ids, args.pollers, args.poll_warmup, args.duration,
-        name="poll, open loop", rate=args.open_loop_rate,
+        name="poll, open loop", rate=args.open_loop_rate, client_gc=args.client_gc,
     )  # fmt: skip
     say(f"[{target.kind}] open-loop poll: {fmt_summary(open_loop)}", flush=True)
     return Result(target, submit, poll, drain, len(warm_ids), conditional, open_loop)
@@ -754,6 +782,12 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             extra.append(f"{r.poll.warmup_failures} failed requests during the poll warm-up")
         if extra:
             notes.append(f"- {r.deployment.kind}: {'; '.join(extra)}")
+    collector = (
+        "**on** while measuring (`--client-gc`), so its pauses count as latency. "
+        if args.client_gc
+        else "off while measuring (collected between phases; `--client-gc` keeps it on), "
+        "since its full passes stopped all the simulated clients at once. "
+    )
     deployments = "\n".join(
         f"- **{r.deployment.kind}**: {r.deployment.description}" for r in results
     )
@@ -783,7 +817,9 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             f"pollers `GET /v1/merges/{{id}}` over those jobs, {args.poll_warmup:g} s "
             f"unmeasured then {args.duration:g} s measured (requests completed in the window). "
             "Latency: client-side wall time per request, including time queued in the "
-            "client's event loop. CPU %: CPU seconds of the process over the phase's wall time "
+            "client's event loop; the client's garbage collector was "
+            + collector
+            + "CPU %: CPU seconds of the process over the phase's wall time "
             "(100 % = one core); PostgreSQL + Redis: every `postgres` process on the machine "
             "and the private redis-server (celery only); rest of machine: the machine's busy "
             "CPU time (all cores, /proc/stat) minus all the columns before it: the kernel "
@@ -836,6 +872,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--drain-timeout", type=float, default=240.0, help="most seconds to wait for the merges"
     )
+    parser.add_argument(
+        "--client-gc", action="store_true",
+        help="keep the load generator's garbage collector on while measuring (its pauses then "
+        "count as latency)",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
     args = parser.parse_args(argv)
     for name in ("submits", "concurrency", "pollers", "warmup_submits"):
