@@ -3,7 +3,9 @@ and deterministic."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -252,3 +254,36 @@ def test_model_card_states_method_inputs_and_layers(llama: Family, run_merge: An
     for entry in manifest["inputs"]:
         assert f"`{entry['source']}`" in body
     assert '"bottom"' in body and "layer swapping" in body
+
+
+@pytest.mark.parametrize("copy_in_kernel", [True, False], ids=["copy_file_range", "buffered"])
+def test_writer_copies_and_writes_land_at_their_offsets(
+    tmp_path: Path, copy_in_kernel: bool
+) -> None:
+    """Both copy paths: ranges of a source file (one larger than a copy piece, so it is split)
+    and computed bytes, queued out of order, make exactly the planned file and its sha256."""
+    from worker.engine.writer import COPY_PIECE, OutputWriter
+
+    source = tmp_path / "source.bin"
+    source.write_bytes(os.urandom(COPY_PIECE + 4096))
+    data = source.read_bytes()
+    header = b"8-bytes!"
+    computed = os.urandom(1000)
+    expected = header + computed + data[5:] + data[:5]
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        writer = OutputWriter(
+            out, [("f.bin", header, len(expected))], durable=True, copy_in_kernel=copy_in_kernel
+        )
+        start = len(header) + len(computed)
+        writer.put_copy(0, start + len(data) - 5, fd, 0, 5)
+        writer.put_copy(0, start, fd, 5, len(data) - 5)
+        writer.put_bytes(0, len(header), memoryview(computed), ends_tensor=True)
+        writer.finish()
+    finally:
+        os.close(fd)
+    assert (out / "f.bin").read_bytes() == expected
+    assert writer.digests == {"f.bin": hashlib.sha256(expected).hexdigest()}
+    assert writer.tensors_written == 3
