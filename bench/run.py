@@ -12,8 +12,9 @@ For one preset made by make_checkpoints.py, every case below is run under `/usr/
 
 Each case gets `--warmup` untimed runs (they fill the page cache and layerswap's sha256 cache),
 then `--reps` timed runs, round-robin over the cases so that background load drifts over all
-of them alike. The output directory is removed (and `sync` run) before every run. Results:
-bench/results/<preset>.json and bench/results/<preset>.md. With --verify (the default) the last
+of them alike. Before every run the output directory is removed (and `sync` run) and the
+run's inputs are read into the page cache. Results: bench/results/<preset>.json and
+bench/results/<preset>.md. With --verify (the default) the last
 outputs of the two tools are compared tensor by tensor, and layer swap and soup are also checked
 against a reference computed from the inputs.
 
@@ -62,6 +63,7 @@ class Case:
     out: Path
     env: tuple[tuple[str, str], ...] = ()
     fresh_cache: bool = False  # layerswap: a new, empty sha256 cache for every run
+    inputs: tuple[Path, ...] = ()  # checkpoint directories read into the page cache first
 
     @property
     def key(self) -> str:
@@ -242,9 +244,23 @@ def remove(path: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def read_into_page_cache(directories: tuple[Path, ...]) -> None:
+    """Read every file of the inputs once, untimed, so that each run starts from a warm page
+    cache, as the figures claim: this machine's kernel reclaims page cache that stayed idle
+    for about a minute (a DAMON pageout scheme), so without it a run after a long one (TIES'
+    mergekit, 4-5 min) read its inputs from disk and took 2-3x as long."""
+    buffer = bytearray(16 * 1024 * 1024)
+    for directory in directories:
+        for path in sorted(directory.iterdir()):
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buffer):
+                    pass
+
+
 def run_case(case: Case, logs: Path, cache_root: Path) -> Measurement:
     remove(case.out)
     subprocess.run(["sync"], check=True)
+    read_into_page_cache(case.inputs)
     env = {**os.environ, **dict(case.env)}
     if case.tool == "layerswap":
         cache = cache_root / ("cold-" + str(time.monotonic_ns()) if case.fresh_cache else "warm")
@@ -452,28 +468,33 @@ def build_cases(work: Path, models: dict[str, Path], layers: int, methods: list[
     offline = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"))
     cases = []
     for method in methods:
+        reads = tuple(models[m] for m in (("base", "task", "lang") if method == "ties" else
+                                          ("task", "lang")))  # fmt: skip
         recipe = write_yaml(work / "recipes" / f"layerswap-{method}.yaml", ls_recipes[method])
         config = write_yaml(work / "recipes" / f"mergekit-{method}.yaml", mk_configs[method])
         out = work / "out" / f"{method}-layerswap"
         merge = (str(LAYERSWAP), "merge", str(recipe), "--out")
-        cases.append(Case(method, "layerswap", "", (*merge, str(out)), out))
+        cases.append(Case(method, "layerswap", "", (*merge, str(out)), out, inputs=reads))
         if method == "layer_swap":  # each variant writes its own directory
             out2 = out.with_name(out.name + "-no-fsync")
             no_fsync = (*merge, str(out2), "--no-fsync")
-            cases.append(Case(method, "layerswap", "--no-fsync", no_fsync, out2))
+            cases.append(Case(method, "layerswap", "--no-fsync", no_fsync, out2, inputs=reads))
             out3 = out.with_name(out.name + "-cold-cache")
             cold = (*merge, str(out3))
-            cases.append(Case(method, "layerswap", "cold sha256 cache", cold, out3, (), True))
+            cases.append(
+                Case(method, "layerswap", "cold sha256 cache", cold, out3, (), True, reads)
+            )
         mk_out = work / "out" / f"{method}-mergekit"
         mk = (str(MERGEKIT), str(config), str(mk_out), "--no-cuda")
-        cases.append(Case(method, "mergekit", "", mk, mk_out, env=offline))
+        cases.append(Case(method, "mergekit", "", mk, mk_out, env=offline, inputs=reads))
     copy_out = work / "out" / "copy-cp"
-    cases.append(Case("copy", "cp", "", ("cp", "-r", str(models["base"]), str(copy_out)), copy_out))
+    cp = ("cp", "-r", str(models["base"]), str(copy_out))
+    cases.append(Case("copy", "cp", "", cp, copy_out, inputs=(models["base"],)))
     # The same copy made durable like layerswap's default output: fsync of every copied file.
     synced = work / "out" / "copy-cp-fsync"
     script = 'cp -r "$0" "$1" && sync "$1"/*'
     argv = ("sh", "-c", script, str(models["base"]), str(synced))
-    cases.append(Case("copy", "cp", "+ sync of its files", argv, synced))
+    cases.append(Case("copy", "cp", "+ sync of its files", argv, synced, inputs=(models["base"],)))
     return cases
 
 
