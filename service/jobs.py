@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Table, and_, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -32,6 +32,7 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
 OUTPUT = joinedload(Job.output_artifact)  # read with the job: a view needs it (merges.read_job)
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
+JOBS, JOB_EVENTS = cast(Table, Job.__table__), cast(Table, JobEvent.__table__)
 
 
 class Executor(Protocol):
@@ -107,21 +108,7 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
                 from worker.outputs import free_name  # reads manifests: the worker's side
 
                 free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
-            job = Job(
-                id=job_id,
-                tenant_id=new.tenant,
-                kind=new.kind,
-                status=QUEUED,
-                request=new.request,
-                request_hash=digest,
-                idempotency_key=new.idempotency_key,
-                output_name=name,
-                max_attempts=settings.max_attempts,
-                sources=new.sources,
-            )
-            session.add(job)
-            session.flush()
-            add_event(session, job.id, QUEUED)
+            job = Job(**_inserted(session, new, job_id, name, digest, settings.max_attempts))
         return job, True
     except IntegrityError:
         # A concurrent request with the same key committed first: answer with its job.
@@ -130,6 +117,28 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         if found is None:
             raise
         return found, False
+
+
+def _inserted(
+    session: Session, new: NewJob, job_id: str, name: str, digest: str, max_attempts: int
+) -> dict[str, Any]:
+    """Insert a submitted job and its `queued` event: two plain INSERTs, not the ORM's unit of
+    work (a fifth of a submit's CPU time under load). No change notification: nothing can be
+    waiting on a job whose id no one has been told yet. Returns the row's values."""
+    now = utcnow()
+    row = {
+        "id": job_id, "tenant_id": new.tenant, "kind": new.kind, "status": QUEUED,
+        "stage": None, "request": new.request, "request_hash": digest,
+        "idempotency_key": new.idempotency_key, "output_name": name,
+        "max_attempts": max_attempts, "sources": new.sources, "bytes_done": 0,
+        "bytes_total": 0, "tensors_done": 0, "tensors_total": 0, "attempts": 0,
+        "cancel_requested": False, "created_at": now,
+    }  # fmt: skip
+    session.execute(insert(JOBS), row)
+    session.execute(
+        insert(JOB_EVENTS), {"job_id": job_id, "type": QUEUED, "data": {}, "created_at": now}
+    )
+    return row
 
 
 def add_queued(

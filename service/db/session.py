@@ -3,17 +3,21 @@ commit, rollback and close."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Dialect, Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 # As many pooled connections as the API has request threads (AnyIO's 40): a smaller pool
 # closes and reopens its overflow connections under load (measured on PostgreSQL: ~70 per
 # second; on SQLite, opening one and setting its pragmas was a third of a poll's cost).
 POOL_SIZE, MAX_OVERFLOW = 40, 10
+IDLE_PING_S = 1.0
 
 
 def make_engine(url: str) -> Engine:
@@ -26,7 +30,10 @@ def make_engine(url: str) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW)
+    engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW)
+    event.listen(engine, "checkin", _checked_in)
+    event.listen(engine, "checkout", partial(_ping_if_idle, engine.dialect))
+    return engine
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
@@ -35,6 +42,26 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _checked_in(_connection: Any, record: Any) -> None:
+    record.info["checked_in"] = time.monotonic()
+
+
+def _ping_if_idle(dialect: Dialect, connection: Any, record: Any, _proxy: Any) -> None:
+    """pool_pre_ping, only for a connection that sat in the pool IDLE_PING_S or more: one back
+    sooner was just used, and under load every connection is, so a ping per checkout (one more
+    round trip per request) would mostly ask what was just answered. A dead one is replaced
+    (DisconnectionError makes the pool connect anew, as pre_ping does); one that died in the
+    last IDLE_PING_S fails its request (a 503), which renews all the pool's connections."""
+    if time.monotonic() - record.info.get("checked_in", -IDLE_PING_S) < IDLE_PING_S:
+        return
+    try:
+        alive = dialect.do_ping(connection)
+    except Exception as e:
+        raise DisconnectionError(f"pooled connection is dead: {e}") from e
+    if not alive:
+        raise DisconnectionError("pooled connection is dead")
 
 
 class Database:
