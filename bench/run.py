@@ -49,6 +49,7 @@ LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 TIME = Path("/usr/bin/time")
 METHODS = ("layer_swap", "soup", "ties")
+READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang")}
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -468,8 +469,7 @@ def build_cases(work: Path, models: dict[str, Path], layers: int, methods: list[
     offline = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"))
     cases = []
     for method in methods:
-        reads = tuple(models[m] for m in (("base", "task", "lang") if method == "ties" else
-                                          ("task", "lang")))  # fmt: skip
+        reads = tuple(models[m] for m in READS[method])
         recipe = write_yaml(work / "recipes" / f"layerswap-{method}.yaml", ls_recipes[method])
         config = write_yaml(work / "recipes" / f"mergekit-{method}.yaml", mk_configs[method])
         out = work / "out" / f"{method}-layerswap"
@@ -482,8 +482,9 @@ def build_cases(work: Path, models: dict[str, Path], layers: int, methods: list[
             out3 = out.with_name(out.name + "-cold-cache")
             cold = (*merge, str(out3))
             cases.append(
-                Case(method, "layerswap", "cold sha256 cache", cold, out3, (), True, reads)
-            )
+                Case(method, "layerswap", "cold sha256 cache", cold, out3, fresh_cache=True,
+                     inputs=reads)
+            )  # fmt: skip
         mk_out = work / "out" / f"{method}-mergekit"
         mk = (str(MERGEKIT), str(config), str(mk_out), "--no-cuda")
         cases.append(Case(method, "mergekit", "", mk, mk_out, env=offline, inputs=reads))
