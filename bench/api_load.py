@@ -243,8 +243,9 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployment(kind: str, work: Path) -> Iterator[Deployment]:
-    """Start a deployment under `work`; stop everything it started on the way out."""
+def deployment(kind: str, work: Path, *, worker_nice: int = 0) -> Iterator[Deployment]:
+    """Start a deployment under `work`; stop everything it started on the way out. With
+    `worker_nice`, the celery worker runs at that lower CPU priority (`layerswap worker --nice`)."""
     data = work / "data"
     logs = work / "logs"
     logs.mkdir(parents=True)
@@ -285,7 +286,9 @@ def deployment(kind: str, work: Path) -> Iterator[Deployment]:
             description = (
                 f"a fresh database on {postgres.description} + celery executor, a private "
                 "redis-server (no persistence), one `layerswap worker` process (solo pool: one "
-                "job at a time)"
+                "job at a time"
+                + (f"; `--nice {worker_nice}`, below the API's priority" if worker_nice else "")
+                + ")"
             )
         api = Process("layerswap serve", [str(LAYERSWAP), "serve"], env, logs / "serve.log")
         stack.callback(api.stop)
@@ -293,7 +296,10 @@ def deployment(kind: str, work: Path) -> Iterator[Deployment]:
         worker = None
         if kind == "celery":
             worker = Process(
-                "layerswap worker", [str(LAYERSWAP), "worker"], env, logs / "worker.log"
+                "layerswap worker",
+                [str(LAYERSWAP), "worker", *(["--nice", str(worker_nice)] if worker_nice else [])],
+                env,
+                logs / "worker.log",
             )
             stack.callback(worker.stop)
             started = worker
@@ -877,6 +883,11 @@ def main(argv: list[str] | None = None) -> None:
         help="keep the load generator's garbage collector on while measuring (its pauses then "
         "count as latency)",
     )  # fmt: skip
+    parser.add_argument(
+        "--worker-nice", type=int, default=0, choices=range(20), metavar="0-19",
+        help="run the celery worker at this lower CPU priority (`layerswap worker --nice`), as "
+        "an operator would on a host shared with the API; default 0: the same priority",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
     args = parser.parse_args(argv)
     for name in ("submits", "concurrency", "pollers", "warmup_submits"):
@@ -908,7 +919,7 @@ def main(argv: list[str] | None = None) -> None:
         for kind in kinds:
             work = scratch / kind
             try:
-                with deployment(kind, work) as target:
+                with deployment(kind, work, worker_nice=args.worker_nice) as target:
                     results.append(asyncio.run(run_deployment(target, args)))
             except Exception:
                 for log in sorted((work / "logs").glob("*.log")):

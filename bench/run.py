@@ -75,6 +75,8 @@ class Case:
 class Measurement:
     wall_s: float
     max_rss_kb: int
+    cpu_s: float = 0.0  # user + system time of the command and its children
+    steal: float = 0.0  # share of the machine's CPU time the hypervisor took during the run
 
 
 @dataclass
@@ -223,6 +225,7 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 # -- measuring -------------------------------------------------------------------------------
 _WALL_RE = re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)")
 _RSS_RE = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+_CPU_RE = re.compile(r"(?:User|System) time \(seconds\): ([\d.]+)")
 
 
 def parse_time_v(text: str) -> Measurement:
@@ -233,7 +236,20 @@ def parse_time_v(text: str) -> Measurement:
     seconds = 0.0
     for part in wall.group(1).split(":"):
         seconds = seconds * 60 + float(part)
-    return Measurement(seconds, int(rss.group(1)))
+    cpu = sum(float(x) for x in _CPU_RE.findall(text))
+    return Measurement(seconds, int(rss.group(1)), cpu)
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat's first line, in ticks)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """Of the CPU time that passed, the share the hypervisor gave to other guests ("steal",
+    the 8th counter): on a shared VM, the same command's wall time varies with it."""
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return delta[7] / sum(delta) if sum(delta) else 0.0
 
 
 def remove(path: Path) -> None:
@@ -268,6 +284,7 @@ def run_case(case: Case, logs: Path, cache_root: Path) -> Measurement:
         env["LAYERSWAP_CACHE_DIR"] = str(cache)
     timing = logs / f"{case.key.replace('/', '_').replace(' ', '')}.time"
     log = timing.with_suffix(".log")
+    counters = cpu_times()
     with open(log, "w") as out:
         proc = subprocess.run(
             [str(TIME), "-v", "-o", str(timing), *case.argv],
@@ -278,7 +295,9 @@ def run_case(case: Case, logs: Path, cache_root: Path) -> Measurement:
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{case.key} failed (exit {proc.returncode}); log {log}:\n{tail}")
-    return parse_time_v(timing.read_text())
+    measured = parse_time_v(timing.read_text())
+    measured.steal = steal_share(counters, cpu_times())
+    return measured
 
 
 # -- verification ------------------------------------------------------------------------------
@@ -553,6 +572,8 @@ def summarize(results: list[CaseResult]) -> list[dict[str, Any]]:
             "median_wall_s": round(r.median_wall_s, 2), "peak_rss_mb": round(r.peak_rss_mb),
             "walls_s": [round(m.wall_s, 2) for m in r.runs],
             "rss_mb": [round(m.max_rss_kb * 1024 / 1e6) for m in r.runs],
+            "cpu_s": [round(m.cpu_s, 1) for m in r.runs],
+            "steal_pct": [round(100 * m.steal) for m in r.runs],
             "speedup_vs_mergekit": (
                 round(mk.median_wall_s / r.median_wall_s, 2) if mk and r.tool != "mergekit"
                 else None
@@ -599,11 +620,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{env['mergekit']} (torch {env['mergekit_torch']}, transformers "
         f"{env['mergekit_transformers']}). {env['date']}.",
         "",
-        "Per-run figures (wall s / RSS MB):",
+        "Per-run figures (wall s / RSS MB / CPU s, user + system / % of the machine's CPU time "
+        "stolen by the hypervisor during the run):",
         "",
     ]
     for row in report["rows"]:
-        runs = ", ".join(f"{w} / {m}" for w, m in zip(row["walls_s"], row["rss_mb"], strict=True))
+        figures = zip(row["walls_s"], row["rss_mb"], row["cpu_s"], row["steal_pct"], strict=True)
+        runs = ", ".join(f"{w} / {m} / {c} / {st} %" for w, m, c, st in figures)
         lines.append(f"- {row['method']} {row['tool']}: {runs}")
     if report.get("verification"):
         lines += ["", "## Verification (last outputs of the timed runs)", ""]

@@ -428,9 +428,18 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
 )
 @click.option("--hostname", help="Worker name shown in flower (default: celery@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(queues: str, hostname: str | None, loglevel: str) -> None:
+@click.option(
+    "--nice", type=click.IntRange(0, 19), default=0, show_default=True,
+    help="Lower this worker's CPU priority by this much (as nice(1) does). For a host the "
+    "worker shares with the API: merges then take the CPU the API leaves, and requests are "
+    "answered first. Pointless where workers have machines of their own.",
+)  # fmt: skip
+def worker(queues: str, hostname: str | None, loglevel: str, nice: int) -> None:
     """Run a Celery worker: one job at a time, in this process (no fork: CUDA does not survive
     one). Configuration comes from the same LAYERSWAP_* variables as `serve`."""
+    import os
+
+    from worker import watchdog
     from worker.celery_app import QUEUES, make_celery, register_task
 
     chosen = [q.strip() for q in queues.split(",") if q.strip()]
@@ -444,8 +453,11 @@ def worker(queues: str, hostname: str | None, loglevel: str) -> None:
         sys.exit(2)
     settings = load_settings()
     check_merge_device(settings)
+    if nice:
+        os.nice(nice)  # before any thread starts: every thread of the process has it
     app = make_celery(settings)
     register_task(app, settings)
+    watchdog.install(app, settings.worker_watchdog_s)
     argv = [
         "worker",
         # solo: the task runs in the worker's own process, one at a time. The prefork pool would

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         5.0, gt=0, description="how often the service looks for lost messages and dead jobs"
     )
+    worker_watchdog_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often a celery worker checks that it is still taking messages "
+        "(worker/watchdog.py); idle twice in a row with messages waiting, it reconnects",
+    )
     hub_credentials: dict[str, dict[str, SecretStr]] = Field(
         default_factory=dict,
         description='Hub tokens per tenant and name, JSON: {"<tenant>": {"<name>": "hf_..."}}; '

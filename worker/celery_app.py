@@ -33,7 +33,11 @@ def queue_for(kind: str) -> str:
     return kind_of(kind).queue
 
 
-def make_celery(settings: Settings) -> Celery:
+def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
+    """The app of a worker, or with `publisher` of the API process that sends job ids
+    (worker/executors.py): its Redis commands are never retried on a timeout, which lets it
+    send many messages in one pipeline (kombu batches only where a replay cannot happen), and
+    it sends no `task-sent` event (below)."""
     app = Celery("layerswap", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         # Acknowledge after the job, not on receipt: with late acks the running job's message
@@ -49,7 +53,9 @@ def make_celery(settings: Settings) -> Celery:
             # and the reconciler dispatches it when Redis is back.
             "socket_connect_timeout": 2,
             "socket_timeout": 10,
-            "retry_on_timeout": True,
+            # A publish whose answer timed out is not sent again: whether it arrived is
+            # unknown either way, and a lost or doubled delivery is harmless (reconciler, claim).
+            "retry_on_timeout": not publisher,
         },
         # Job state lives in the database: no result backend, nothing to expire or clean.
         task_ignore_result=True,
@@ -60,8 +66,16 @@ def make_celery(settings: Settings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a worker waits for Redis, however long
-        worker_send_task_events=True,  # for flower
-        task_send_sent_event=True,
+        worker_send_task_events=True,  # for flower: received, started, succeeded, ...
+        # ...but no `task-sent` event from the API: a second publish (to the event fanout) per
+        # submit, as costly as the message itself. Flower shows a job's task from the moment a
+        # worker receives it; until then the job is `queued` in the API.
+        task_send_sent_event=False,
+        # No remote control (pidbox): nothing here sends control commands (cancel is a database
+        # write), and its Redis PUBSUB subscription is what wedged a worker for good when a job
+        # ended, and its ack failed, while Redis was down (a blocking read on the re-made
+        # subscription, tests/distributed/test_celery.py). The job queue alone survives that.
+        worker_enable_remote_control=False,
     )
     return app
 

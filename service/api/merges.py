@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from sqlalchemy import inspect
+from starlette.concurrency import run_in_threadpool
 
 from service import jobs
 from service.api import polling
@@ -130,18 +131,33 @@ EXAMPLE_REQUEST = {
 
 
 @router.post("", status_code=202, response_model=JobRead)
-def submit_merge(
+async def submit_merge(
     body: Annotated[
         MergeRequest,
         Body(openapi_examples={"layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST}}),
     ],
-    response: Response,
     context: ContextDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> JobRead:
+) -> Response:
     """Queue a merge. The body is the recipe schema of `layerswap merge`, plus an optional
     `evaluation` run on the merged model once it exists."""
+    # One hop to a thread for all the blocking work, the answer's JSON included: as a sync
+    # route FastAPI made a second hop to validate and serialise the returned model again.
+    job_id, body_json = await run_in_threadpool(_submit_merge, body, context, tenant,
+                                                idempotency_key)  # fmt: skip
+    return Response(
+        body_json,
+        status_code=202,
+        media_type="application/json",
+        headers={"Location": f"/v1/merges/{job_id}"},
+    )
+
+
+def _submit_merge(
+    body: MergeRequest, context: Context, tenant: str, idempotency_key: str | None
+) -> tuple[str, bytes]:
+    """Check, record and dispatch a submitted merge: (its job id, the answer's JSON)."""
     recipe = parse_recipe(
         body.model_dump(mode="json", by_alias=True, exclude={"evaluation", "webhook"})
     )
@@ -170,8 +186,7 @@ def submit_merge(
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
         context.executor.dispatch(job.id, job.kind)
-    response.headers["Location"] = f"/v1/merges/{job.id}"
-    return read_job(context, job)
+    return job.id, read_job(context, job).model_dump_json().encode()
 
 
 @router.get("", response_model=JobPage)

@@ -33,6 +33,7 @@ TIMINGS = {
     "reconcile_interval_s": 0.25,
     "progress_interval_s": 0.05,
     "db_retry_s": 30.0,
+    "worker_watchdog_s": 1.0,
 }
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import time
 from datetime import datetime
@@ -21,7 +23,15 @@ from sqlalchemy.pool import NullPool
 
 from service import jobs
 from service.db.models import Job
-from tests.distributed.conftest import HUB_TOKEN, Cluster, leftovers, outputs, ties, wait_for
+from tests.distributed.conftest import (
+    HUB_TOKEN,
+    LAYERSWAP,
+    Cluster,
+    leftovers,
+    outputs,
+    ties,
+    wait_for,
+)
 from tests.service.conftest import layer_swap
 from tests.service.test_api_lifecycle import metric
 from tests.service.test_database_down import TcpProxy
@@ -103,6 +113,62 @@ def test_the_message_carries_only_the_job_id(cluster: Cluster, big_family: Path)
     assert message["headers"]["task"] == "layerswap.run_job"
     for secret in (str(big_family), "private-name", "density", "models"):
         assert secret not in raw[0].decode(), secret
+
+
+def test_waiting_messages_go_out_together_one_per_job_and_run(cluster: Cluster) -> None:
+    """The publisher sends whatever has piled up in one Redis pipeline: here 40 jobs handed to
+    an executor before its publishing thread starts. Each job gets exactly one message, in the
+    format the worker reads (they all run), and no `task-sent` event is published for them."""
+    from worker.executors import CeleryExecutor
+
+    settings, db = cluster.service.settings, cluster.service.db
+    jobs.ensure_tenant(db, "default")
+    made = [
+        jobs.submit(db, settings, jobs.NewJob("default", "merge", layer_swap(), None, None))[0].id
+        for _ in range(40)
+    ]
+    redis = cluster.redis.client()
+    redis.config_resetstat()
+    executor = CeleryExecutor(settings)
+    for job_id in made:
+        executor.dispatch(job_id, "merge")
+    executor.start()
+    wait_for(lambda: redis.llen("merge") == 40, "40 messages in Redis")
+    executor.stop()
+
+    # The API's reconciler sends a job again only if its message is not in Redis a second
+    # after the job was made (possible on a slow machine): such a job says so in its events.
+    again = [job_id for job_id in made if "redispatched" in cluster.event_types(job_id)]
+    stats = redis.info("commandstats")
+    assert stats["cmdstat_lpush"]["calls"] == 40 + len(again)
+    assert "cmdstat_publish" not in stats, "no event fanout per message"
+    messages = [json.loads(raw) for raw in redis.lrange("merge", 0, -1)]
+    assert sorted(m["headers"]["id"].split(".")[0] for m in messages) == sorted(made + again)
+    cluster.start_worker()
+    for job_id in made:
+        assert cluster.wait_until(job_id, finished)["status"] == "succeeded"
+        assert cluster.event_types(job_id).count("running") == 1
+
+
+def test_a_worker_can_run_at_a_lower_cpu_priority(cluster: Cluster) -> None:
+    """`layerswap worker --nice 7`: the worker process (all its threads) runs 7 nice levels
+    below whoever started it, and runs jobs as any other."""
+    log = cluster.logs / "nice.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(LAYERSWAP), "worker", "--nice", "7", "--hostname", "nice@test"],
+            env=cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: " ready." in log.read_text(errors="replace"), "the worker to start")
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        for thread in Path(f"/proc/{process.pid}/task").iterdir():
+            assert os.getpriority(os.PRIO_PROCESS, int(thread.name)) == min(mine + 7, 19)
+        job = cluster.service.submit(layer_swap())
+        assert cluster.wait_until(job["id"], finished)["status"] == "succeeded"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=20)
 
 
 def test_analysis_jobs_run_on_workers_too(cluster: Cluster) -> None:
@@ -218,6 +284,26 @@ def test_redis_restart_loses_no_queued_job_and_runs_none_twice(
     assert metric(metrics, "layerswap_oldest_queued_seconds") == 0
     assert len(outputs(cluster.service)) == 29 and leftovers(cluster.service) == []
     assert worker.process.poll() is None, "the worker rode out the outage"
+
+
+def test_a_job_ending_while_redis_is_down_leaves_its_worker_taking_jobs(
+    cluster: Cluster, big_family: Path
+) -> None:
+    """The job's ack fails (Redis is down as it ends), which leaves kombu's consumer waiting on
+    no socket at all; the watchdog (worker/watchdog.py) reconnects it once jobs wait."""
+    worker = cluster.start_worker()
+    long = cluster.service.submit(ties(big_family, name="long"))
+    cluster.wait_until(long["id"], mid_merge())
+    cluster.redis.stop()
+    assert cluster.wait_until(long["id"], finished)["status"] == "succeeded"
+    wait_for(lambda: "Couldn't ack" in worker.text(), "the ack to fail with Redis down")
+    cluster.redis.start()
+
+    after = cluster.service.submit(layer_swap())
+    done = cluster.wait_until(after["id"], finished)
+    assert done["status"] == "succeeded" and done["attempts"] == 1, done
+    assert "reconnecting to the broker" in worker.text(), "the watchdog found the wedge"
+    assert worker.process.poll() is None
 
 
 # --- duplicate deliveries --------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_numpy_and_torch_kernels_write_the_same_bytes(llama: Family, llama32: Fa
             plan.close()
 
 
-def test_ties_and_cuda_plans_use_torch(llama: Family) -> None:
+def test_ties_and_cuda_plans_are_left_to_other_kernels(llama: Family) -> None:
     ties = {"method": "ties", "base": llama.base, "models": [llama.task, llama.language]}
     soup = {"method": "soup", "models": [llama.task, llama.language]}
     ties_plan = make_plan(parse_recipe(stringify(ties)), resolve=Path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.service.conftest import Service, layer_swap
+from tests.service.conftest import Service, layer_swap, running_service
 
 
 def test_layer_swap_job_succeeds_with_output_and_lineage(service: Service) -> None:
@@ -72,3 +72,23 @@ def test_source_outside_allowed_roots_is_422(service: Service, tmp_path: Path) -
         assert response.status_code == 422, source
         assert response.json()["error"]["code"] == "source_not_allowed"
         assert response.json()["error"]["details"]["field"] == "experts.task.0"
+
+
+def test_submit_answers_the_job_as_a_read_of_it_does(
+    tmp_path: Path, database_url: str, examples: Path
+) -> None:
+    """The submit's answer is serialised on the request's thread, not by FastAPI: the same
+    JSON document a GET of the job gives, as application/json, with its Location."""
+    from tests.service.test_api_lifecycle import HeldExecutor
+
+    held = HeldExecutor()
+    with running_service(tmp_path, database_url, examples, job_executor=held) as service:
+        response = service.client.post("/v1/merges", json=layer_swap())
+        assert response.status_code == 202, response.text
+        assert response.headers["content-type"] == "application/json"
+        job = response.json()
+        assert response.headers["Location"] == f"/v1/merges/{job['id']}"
+        assert held.dispatched == [job["id"]]
+        read = service.client.get(f"/v1/merges/{job['id']}")
+        assert job == read.json()
+        assert job["status"] == "queued" and job["request"]["method"] == "layer_swap"

@@ -3,9 +3,10 @@
 Copies are queued first, as file ranges (never decoded, no memory held); then computed tensors
 are produced chunk by chunk and written at their offsets while those copies proceed, so the
 disk and the arithmetic overlap (writer.py). Linear plans on the CPU compute in numpy
-(linear_kernels.py); torch, seconds to import, is loaded only for the rest, once the copies are
-under way. Cancellation is checked between tensors and chunks; progress is reported between
-chunks and, while the last writes drain, every half second.
+(linear_kernels.py), TIES on the CPU in numba-compiled loops (ties_kernels.py); torch, seconds
+to import, is loaded only for the rest (CUDA, float64), once the copies are under way.
+Cancellation is checked between tensors and chunks; progress is reported between chunks and,
+while the last writes drain, every half second.
 """
 
 from __future__ import annotations
@@ -122,12 +123,18 @@ class ChunkKernels(Protocol):
 def _kernels(
     plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
 ) -> ChunkKernels:
-    """numpy for linear plans on the CPU; torch (seconds to import, while the copies run) for
-    the rest."""
+    """numpy for linear plans on the CPU, numba for TIES on the CPU; torch (seconds to import,
+    while the copies run) for the rest."""
     from worker.engine import linear_kernels
 
     if linear_kernels.handles(plan, device):
         return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
+    from worker.engine import ties_kernels
+
+    if ties_kernels.handles(plan, device):
+        return ties_kernels.TiesKernels(
+            plan, chunk_elements=chunk_elements, check_cancel=check_cancel
+        )
     from worker.engine.kernels import Kernels
 
     return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
