@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import DATA_DIR, RESULTS_DIR, ROOT, build_cases, remove, run_case
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # as bench/cuda.py does
+from bench.run import DATA_DIR, RESULTS_DIR, ROOT, build_cases, remove, run_case
 
 SWAP, COPY = "layer_swap/layerswap", "copy/cp + sync of its files"
 
