@@ -23,13 +23,21 @@ cheap and the API and the database are what is measured. Per deployment:
     poll, open loop       each poller once every 1/--open-loop-rate s on a fixed schedule,
               latency from the scheduled time (what "200 pollers polling once a second" feel)
 
-Latency is the client's wall time of one request (asyncio + httpx, one connection per client),
+Latency is the client's wall time of one request (one connection per client; --client lean,
+the default, is bench/lean_http.py on uvloop when installed, --client httpx is httpx on asyncio),
 so it includes time queued in the client's event loop. The client runs on the same machine as
 the server: on a 2-core machine they compete for the CPU, as the report says. Non-2xx answers
 and transport errors are counted; a non-zero count makes the run exit with status 1 after the
 report is written (bench/figures/api-<git short sha>.md).
 
     .venv/bin/python bench/api_load.py --deployment both
+
+With --baseline GIT_REF, each deployment is also run on that commit's code (a git worktree of
+it, imported ahead of this checkout's on the same virtual environment), just before this
+checkout's, and the report opens with the two side by side: what issue 13 asks, "side by side
+with today's figures in one run".
+
+    .venv/bin/python bench/api_load.py --deployment both --baseline 7b8cab1
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import math
 import os
 import platform
@@ -50,7 +59,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -59,6 +68,9 @@ from typing import Any, NoReturn
 
 import httpx
 from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # as bench/cuda.py does
+from bench.lean_http import Connection, TransportError
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -240,22 +252,36 @@ class Deployment:
     redis: Process | None
     postgres: Postgres | None
     description: str
+    code: str = ""  # whose code it runs: "" this checkout's, else the --baseline commit's
 
 
 @contextlib.contextmanager
-def deployment(kind: str, work: Path, *, worker_nice: int = 0) -> Iterator[Deployment]:
+def deployment(
+    kind: str, work: Path, *, worker_nice: int = 0, code: Path | None = None
+) -> Iterator[Deployment]:
     """Start a deployment under `work`; stop everything it started on the way out. With
-    `worker_nice`, the celery worker runs at that lower CPU priority (`layerswap worker --nice`)."""
+    `worker_nice`, the celery worker runs at that lower CPU priority (`layerswap worker --nice`).
+    With `code`, a checkout of other code (--baseline): its `service` and `worker` packages
+    are imported instead of this checkout's, on this checkout's virtual environment."""
     data = work / "data"
     logs = work / "logs"
     logs.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
+    if code is not None:
+        env["PYTHONPATH"] = str(code)  # ahead of the editable install's finder
+        imported = subprocess.run(
+            [str(LAYERSWAP.parent / "python"), "-c", "import service; print(service.__file__)"],
+            env=env, cwd=work, check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        if not Path(imported).is_relative_to(code):
+            raise RuntimeError(f"the baseline's code is not what runs: service is {imported}")
     subprocess.run(
         [str(LAYERSWAP), "examples", str(data / "checkpoints" / "examples")],
         check=True,
         stdout=subprocess.DEVNULL,
+        env=env,
     )
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
     env.update(LAYERSWAP_DATA_DIR=str(data), LAYERSWAP_HOST="127.0.0.1", LAYERSWAP_PORT=str(port))
     base_url = f"http://127.0.0.1:{port}"
     with contextlib.ExitStack() as stack:
@@ -304,7 +330,10 @@ def deployment(kind: str, work: Path, *, worker_nice: int = 0) -> Iterator[Deplo
             stack.callback(worker.stop)
             started = worker
             wait_for(lambda: started.alive() and " ready." in started.text(), "worker", 90)
-        yield Deployment(kind, base_url, api, worker, redis, postgres, description)
+        yield Deployment(
+            kind, base_url, api, worker, redis, postgres, description,
+            code=git("rev-parse", "--short", "HEAD", cwd=code) if code is not None else "",
+        )  # fmt: skip
 
 
 # -- measurement -----------------------------------------------------------------------------
@@ -437,6 +466,37 @@ def client_collector_paused(enabled: bool) -> Iterator[None]:
         gc.unfreeze()
 
 
+LoadClient = httpx.AsyncClient | Connection
+CLIENT_ERRORS = (httpx.HTTPError, TransportError)
+
+
+async def load_clients(
+    stack: contextlib.AsyncExitStack, base_url: str, kind: str, count: int
+) -> list[LoadClient]:
+    """What the simulated clients send their measured requests with, one connection each:
+    bench/lean_http.py (the default; it leaves the shared cores to the server) or httpx (as
+    the figures before 2026-11-24 were measured)."""
+    if kind == "lean":
+        return [await stack.enter_async_context(Connection(base_url)) for _ in range(count)]
+    return [await stack.enter_async_context(client(base_url)) for _ in range(count)]
+
+
+CLIENT_DESCRIPTION = {
+    "lean": "one process, bench/lean_http.py on "
+    + ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio"),
+    "httpx": "one asyncio process, httpx",
+}
+
+
+def run_loop(main: Coroutine[Any, Any, Result], client_kind: str) -> Result:
+    """The lean client runs on uvloop where it is installed (less CPU per request again)."""
+    if client_kind == "lean" and importlib.util.find_spec("uvloop"):
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def client(base_url: str, connections: int = 1) -> httpx.AsyncClient:
     """One per simulated client. httpx's connection pool does work per request that grows
     with its number of connections: with one shared pool of 200 connections this client used a
@@ -451,19 +511,28 @@ def client(base_url: str, connections: int = 1) -> httpx.AsyncClient:
 
 
 async def submit_phase(
-    target: Deployment, name: str, submits: int, concurrency: int, *, client_gc: bool = False
+    target: Deployment,
+    name: str,
+    submits: int,
+    concurrency: int,
+    *,
+    client_gc: bool = False,
+    client_kind: str = "lean",
 ) -> tuple[Phase, list[str], float]:
     """`submits` POSTs from `concurrency` closed-loop clients: (phase, job ids, start epoch)."""
     phase = Phase(target.kind, name)
     ids: list[str] = []
     todo = iter(range(submits))
 
-    async def one_client(http: httpx.AsyncClient) -> None:
+    async def one_client(http: LoadClient) -> None:
         for _ in todo:  # shared by all clients: each takes the next submit
             began = time.perf_counter()
             try:
-                response = await http.post("/v1/merges", json=REQUEST)
-            except httpx.HTTPError as e:
+                if isinstance(http, Connection):
+                    response: httpx.Response | Any = await http.post("/v1/merges", REQUEST)
+                else:
+                    response = await http.post("/v1/merges", json=REQUEST)
+            except CLIENT_ERRORS as e:
                 phase.transport_errors[type(e).__name__] += 1
                 continue
             phase.record(time.perf_counter() - began, response.status_code)
@@ -472,11 +541,11 @@ async def submit_phase(
 
     meter = CpuMeter(target)
     async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(client(target.base_url)) for _ in range(concurrency)
-        ]
+        clients = await load_clients(stack, target.base_url, client_kind, concurrency)
         for http in clients:  # connect before the clock starts
-            (await http.get("/healthz")).raise_for_status()
+            answer = await http.get("/healthz")
+            if answer.status_code != 200:
+                raise RuntimeError(f"/healthz answered {answer.status_code}")
         with client_collector_paused(client_gc):
             started_epoch = time.time()
             began = time.perf_counter()
@@ -498,6 +567,7 @@ async def poll_phase(
     conditional: bool = False,
     rate: float = 0.0,
     client_gc: bool = False,
+    client_kind: str = "lean",
 ) -> Phase:
     """Pollers over `ids`; only requests that complete inside the measured window count (those
     in flight at its end are awaited and dropped). Closed loop (`rate` 0: the next request as
@@ -511,7 +581,7 @@ async def poll_phase(
     # each), which an open-loop schedule started before would count as server latency.
     began = window_start = window_end = 0.0
 
-    async def poller(http: httpx.AsyncClient, first: int) -> None:
+    async def poller(http: LoadClient, first: int) -> None:
         k = first
         etags: dict[str, str] = {}
         scheduled = began + (first % max(pollers, 1)) / max(pollers * rate, 1e-9) if rate else 0.0
@@ -532,7 +602,7 @@ async def poll_phase(
                 status = response.status_code
                 if "etag" in response.headers:
                     etags[job_id] = response.headers["etag"]
-            except httpx.HTTPError as e:
+            except CLIENT_ERRORS as e:
                 error = type(e).__name__
             done = time.perf_counter()
             into = phase if window_start <= done <= window_end else warmup
@@ -550,7 +620,7 @@ async def poll_phase(
         meter.stop(phase)
 
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(client(target.base_url)) for _ in range(pollers)]
+        clients = await load_clients(stack, target.base_url, client_kind, pollers)
         with client_collector_paused(client_gc):
             began = time.perf_counter()
             window_start, window_end = began + warmup_s, began + warmup_s + duration_s
@@ -629,11 +699,15 @@ class Result:
 
 
 async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result:
-    say = print
+    tag = target.kind + (f" @ {target.code}" if target.code else "")
+
+    def say(line: str, *, flush: bool) -> None:
+        print(line.replace(f"[{target.kind}]", f"[{tag}]", 1), flush=flush)
+
     say(f"[{target.kind}] {target.description}; API at {target.base_url}", flush=True)
     warm, warm_ids, _ = await submit_phase(
         target, "submit warm-up", args.warmup_submits, min(args.concurrency, 8),
-        client_gc=args.client_gc,
+        client_gc=args.client_gc, client_kind=args.client,
     )  # fmt: skip
     if warm.non_2xx or warm.transport_errors:
         raise RuntimeError(f"warm-up submits failed: {warm.summary()}")
@@ -645,7 +719,12 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     say(f"[{target.kind}] warm-up done ({len(warm_ids)} jobs ran)", flush=True)
 
     submit, ids, started_epoch = await submit_phase(
-        target, "submit", args.submits, args.concurrency, client_gc=args.client_gc
+        target,
+        "submit",
+        args.submits,
+        args.concurrency,
+        client_gc=args.client_gc,
+        client_kind=args.client,
     )
     say(f"[{target.kind}] submit: {fmt_summary(submit)}", flush=True)
     if not ids:
@@ -656,17 +735,25 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     say(f"[{target.kind}] drain: {drain}", flush=True)
 
     poll = await poll_phase(
-        target, ids, args.pollers, args.poll_warmup, args.duration, client_gc=args.client_gc
+        target,
+        ids,
+        args.pollers,
+        args.poll_warmup,
+        args.duration,
+        client_gc=args.client_gc,
+        client_kind=args.client,
     )
     say(f"[{target.kind}] poll: {fmt_summary(poll)}", flush=True)
     conditional = await poll_phase(
         target, ids, args.pollers, args.poll_warmup, args.duration,
         name="poll, If-None-Match", conditional=True, client_gc=args.client_gc,
+        client_kind=args.client,
     )  # fmt: skip
     say(f"[{target.kind}] conditional poll: {fmt_summary(conditional)}", flush=True)
     open_loop = await poll_phase(
         target, ids, args.pollers, args.poll_warmup, args.duration,
         name="poll, open loop", rate=args.open_loop_rate, client_gc=args.client_gc,
+        client_kind=args.client,
     )  # fmt: skip
     say(f"[{target.kind}] open-loop poll: {fmt_summary(open_loop)}", flush=True)
     return Result(target, submit, poll, drain, len(warm_ids), conditional, open_loop)
@@ -681,9 +768,24 @@ def fmt_summary(phase: Phase) -> str:
 
 
 # -- report ----------------------------------------------------------------------------------
-def git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+def git(*args: str, cwd: Path = ROOT) -> str:
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True)
     return done.stdout.strip()
+
+
+@contextlib.contextmanager
+def baseline_checkout(ref: str, scratch: Path) -> Iterator[Path]:
+    """`ref`'s code in a git worktree under `scratch`, removed afterwards."""
+    path = scratch / "baseline-code"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                       capture_output=True)  # fmt: skip
 
 
 def loadavg() -> str:
@@ -731,6 +833,44 @@ def cell(value: float | None, digits: int = 1) -> str:
     return shown.removeprefix("-") if float(shown) == 0 else shown  # never "-0"
 
 
+def named(r: Result) -> str:
+    """The deployment, and whose code ran it when a baseline ran too."""
+    return r.deployment.kind + (f" @ {r.deployment.code}" if r.deployment.code else "")
+
+
+def side_by_side(results: list[Result], args: argparse.Namespace, commit: str) -> list[str]:
+    """Per deployment and phase: the baseline's figures, this checkout's, and their ratio."""
+    rows = [
+        f"| deployment | phase | {args.baseline} req/s (p99 ms) | {commit} req/s (p99 ms) "
+        "| req/s ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for kind in DEPLOYMENTS:
+        runs = {bool(r.deployment.code): r for r in results if r.deployment.kind == kind}
+        if len(runs) < 2:
+            continue
+        old, new = runs[True], runs[False]
+        for label, attribute in PHASES:
+            before, after = getattr(old, attribute), getattr(new, attribute)
+            if before is None or after is None:
+                continue
+            b, a = before.summary(), after.summary()
+            ratio = a["rps"] / b["rps"] if b["rps"] else math.nan
+            rows.append(
+                f"| {kind} | {label} | {cell(b['rps'])} ({cell(b['p99_ms'])}) | "
+                f"{cell(a['rps'])} ({cell(a['p99_ms'])}) | {ratio:.2f}× |"
+            )
+    return rows
+
+
+PHASES = (
+    ("submit", "submit"),
+    ("poll", "poll"),
+    ("poll with If-None-Match", "conditional"),
+    ("open-loop poll", "open_loop"),
+)
+
+
 def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, str]) -> str:
     rows = [
         "| deployment | phase | requests | req/s | p50 ms | p99 ms | max ms | non-2xx | "
@@ -753,7 +893,7 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
                 continue
             s = phase.summary()
             rows.append(
-                f"| {r.deployment.kind} | {label} | {s['requests']} | {cell(s['rps'])} | "
+                f"| {named(r)} | {label} | {s['requests']} | {cell(s['rps'])} | "
                 f"{cell(s['p50_ms'])} | {cell(s['p99_ms'])} | {cell(s['max_ms'])} | "
                 f"{s['non_2xx']} | {sum(s['transport_errors'].values())} | "
                 f"{cell(phase.cpu_percent('api'), 0)} | {cell(phase.cpu_percent('worker'), 0)} | "
@@ -770,11 +910,11 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
         rate = d.jobs / d.last_finished_s if d.last_finished_s else None
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(d.statuses.items()))
         drain_rows.append(
-            f"| {r.deployment.kind} | {d.jobs} | {'yes' if d.drained else '**no**'} | "
+            f"| {named(r)} | {d.jobs} | {'yes' if d.drained else '**no**'} | "
             f"{cell(d.last_finished_s)} | {cell(rate)} | {statuses} |"
         )
     connections = [
-        f"- {r.deployment.kind}: {r.submit.pg_sessions} during the submits, "
+        f"- {named(r)}: {r.submit.pg_sessions} during the submits, "
         f"{r.poll.pg_sessions} during the measured polls"
         for r in results
         if r.submit.pg_sessions is not None
@@ -787,7 +927,7 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
         if r.poll.warmup_failures:
             extra.append(f"{r.poll.warmup_failures} failed requests during the poll warm-up")
         if extra:
-            notes.append(f"- {r.deployment.kind}: {'; '.join(extra)}")
+            notes.append(f"- {named(r)}: {'; '.join(extra)}")
     collector = (
         "**on** while measuring (`--client-gc`), so its pauses count as latency. "
         if args.client_gc
@@ -795,7 +935,22 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
         "since its full passes stopped all the simulated clients at once. "
     )
     deployments = "\n".join(
-        f"- **{r.deployment.kind}**: {r.deployment.description}" for r in results
+        f"- **{r.deployment.kind}**: {r.deployment.description}"
+        for r in results
+        if not r.deployment.code
+    )
+    baseline = (
+        [
+            f"**Side by side with {args.baseline}** ({meta['baseline']}), run in the same "
+            "command: its `service` and `worker` from a git worktree, on this checkout's "
+            "virtual environment and load generator; for each deployment the baseline ran "
+            "first, then this checkout.",
+            "",
+            *side_by_side(results, args, meta["commit"].split()[0]),
+            "",
+        ]
+        if args.baseline
+        else []
     )
     return "\n".join(
         [
@@ -805,7 +960,7 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             "",
             f"Command: `{meta['command']}`",
             "",
-            f"Machine: {meta['machine']}. **The load generator (one asyncio process, httpx) and "
+            f"Machine: {meta['machine']}. **The load generator ({meta['client']}) and "
             "the service share these cores**, so the client's CPU use is taken from the "
             "server's; figures are a lower bound on what the service does for remote clients. "
             f"Load average before/after: {meta['load_before']} / {meta['load_after']}. "
@@ -835,6 +990,7 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             "latency ≈ clients / throughput, so once the API process is saturated the p50 "
             "is mostly time waiting in its queue.",
             "",
+            *baseline,
             *rows,
             "",
             "Executor drain (the merges start running while the submits go on; the last job's "
@@ -859,6 +1015,19 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
 
 
 # -- main ------------------------------------------------------------------------------------
+def run_one(kind: str, work: Path, args: argparse.Namespace, code: Path | None) -> Result:
+    try:
+        with deployment(kind, work, worker_nice=args.worker_nice, code=code) as target:
+            return run_loop(run_deployment(target, args), args.client)
+    except Exception:
+        for log in sorted((work / "logs").glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-30:]
+            print(f"--- {log.name} (last lines)\n" + "\n".join(lines), file=sys.stderr)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # ~0.5 MB per merge written
+
+
 def _terminate(signum: int, _frame: FrameType | None) -> NoReturn:
     raise SystemExit(128 + signum)  # so the finally blocks stop what was started
 
@@ -884,9 +1053,20 @@ def main(argv: list[str] | None = None) -> None:
         "count as latency)",
     )  # fmt: skip
     parser.add_argument(
+        "--client", choices=("lean", "httpx"), default="lean",
+        help="what the simulated clients send measured requests with: bench/lean_http.py "
+        "(default; it leaves the shared cores to the server) or httpx (the figures before "
+        "2026-11-24)",
+    )  # fmt: skip
+    parser.add_argument(
         "--worker-nice", type=int, default=0, choices=range(20), metavar="0-19",
         help="run the celery worker at this lower CPU priority (`layerswap worker --nice`), as "
         "an operator would on a host shared with the API; default 0: the same priority",
+    )  # fmt: skip
+    parser.add_argument(
+        "--baseline", metavar="GIT_REF",
+        help="also run the deployments on this commit's code (a git worktree), each just "
+        "before this checkout's, and report the two side by side",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
     args = parser.parse_args(argv)
@@ -912,22 +1092,19 @@ def main(argv: list[str] | None = None) -> None:
         "versions": versions(),
         "load_before": loadavg(),
         "busy_before": busy_percent(3.0),
+        "client": CLIENT_DESCRIPTION[args.client],
     }  # fmt: skip
     results: list[Result] = []
     scratch = Path(tempfile.mkdtemp(prefix="layerswap-api-bench-"))
     try:
-        for kind in kinds:
-            work = scratch / kind
-            try:
-                with deployment(kind, work, worker_nice=args.worker_nice) as target:
-                    results.append(asyncio.run(run_deployment(target, args)))
-            except Exception:
-                for log in sorted((work / "logs").glob("*.log")):
-                    lines = log.read_text(errors="replace").splitlines()[-30:]
-                    print(f"--- {log.name} (last lines)\n" + "\n".join(lines), file=sys.stderr)
-                raise
-            finally:
-                shutil.rmtree(work, ignore_errors=True)  # ~0.5 MB per merge written
+        with contextlib.ExitStack() as stack:
+            codes: list[Path | None] = [None]
+            if args.baseline:
+                codes.insert(0, stack.enter_context(baseline_checkout(args.baseline, scratch)))
+                meta["baseline"] = git("log", "-1", "--format=%h, %cs: %s", args.baseline)
+            for kind in kinds:
+                for code in codes:
+                    results.append(run_one(kind, scratch / kind, args, code))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     meta["load_after"] = loadavg()

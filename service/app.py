@@ -65,6 +65,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         deliverer.stop()
         reconciler.stop()
         context.executor.stop()
+        context.close()
         db.dispose()
 
     app = FastAPI(

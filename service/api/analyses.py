@@ -45,8 +45,9 @@ async def get_analysis(
 ) -> Response:
     """The analysis; ETag / If-None-Match and long polling as for merges."""
     return await polling.read_job(
-        request, context, tenant=tenant, job_id=job_id, kind="analysis", view=job_read, wait=wait
-    )
+        request, context, tenant=tenant, job_id=job_id, kind="analysis", view=job_read, wait=wait,
+        reusable=lambda _: True,  # job_read shows the job's row alone
+    )  # fmt: skip
 
 
 @router.get(

@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.api.answers import KeptAnswers
+from service.api.row_reads import BatchedRows, LoopRows
 from service.api.streams import StreamSlots
 from service.auth import tenant_for
 from service.db.session import Database
@@ -22,9 +24,16 @@ class Context:
     executor: Executor
     streams: StreamSlots = field(init=False)
     tenants_made: set[str] = field(default_factory=set)  # rows known to exist (never deleted)
+    answers: KeptAnswers = field(default_factory=KeptAnswers)  # GET /v1/<kind>/{id}
+    rows: LoopRows | BatchedRows = field(init=False)  # how GET answers read their job's row
 
     def __post_init__(self) -> None:
         self.streams = StreamSlots(self.settings.sse_streams_per_tenant)
+        self.rows = LoopRows(self.db) if self.db.is_sqlite else BatchedRows(self.db)
+
+    def close(self) -> None:
+        if isinstance(self.rows, LoopRows):
+            self.rows.dispose()
 
 
 async def get_context(request: Request) -> Context:

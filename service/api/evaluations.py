@@ -99,6 +99,7 @@ async def get_evaluation(
         kind="evaluation",
         view=partial(read_evaluation, context),
         wait=wait,
+        reusable=lambda job: job.status != jobs.SUCCEEDED,  # then its scores are shown too
     )
 
 

@@ -238,7 +238,14 @@ async def get_merge(
         kind="merge",
         view=partial(read_job, context),
         wait=wait,
+        reusable=shows_only_its_rows,
     )
+
+
+def shows_only_its_rows(job: Job) -> bool:
+    """read_job shows the job and its output artifact, and, once one is asked for, its
+    evaluation and the scores of its inputs (other rows, which may change meanwhile)."""
+    return not (job.result or {}).get("evaluation_job_id")
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)

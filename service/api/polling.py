@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from anyio import CapacityLimiter, to_thread
 from fastapi import Query, Request, Response
 from pydantic import BaseModel
+from sqlalchemy import Row
 
 from service import jobs
+from service.api.answers import Kept, answer, etag_of
 from service.api.deps import Context
+from service.api.row_reads import Busy, LoopRows
 from service.changes import CHANGES
 from service.db.models import Job
+from service.errors import NotFound
+from service.job_rows import job_of, read_row
+from service.jobs import is_id
 
 MAX_WAIT_S = 60.0
 # Job reads are short, and a few threads do them faster than many: the request pool's 40
@@ -53,27 +57,6 @@ CONDITIONAL: dict[int | str, dict[str, Any]] = {
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class Answer:
-    body: bytes  # the JSON sent
-    version: bytes  # what the ETag covers: the body less what changes with the clock alone
-
-
-def answer(view: BaseModel) -> Answer:
-    """A job view's JSON, and its version without the ETA (which moves as time passes: an ETag
-    over it would change on every read, and a long poll would never wait)."""
-    body = view.model_dump_json().encode()
-    progress = getattr(view, "progress", None)
-    if getattr(progress, "eta_s", None) is None:  # no ETA (every ended job): one dump
-        return Answer(body, body)
-    return Answer(body, view.model_dump_json(exclude={"progress": {"eta_s"}}).encode())
-
-
-def etag_of(version: bytes) -> str:
-    """Weak: equal versions may differ in their ETA."""
-    return 'W/"' + hashlib.blake2b(version, digest_size=12).hexdigest() + '"'
-
-
 def wait_seconds(request: Request, wait: float | None) -> float:
     """?wait= wins over `Prefer: wait=` (RFC 7240); at most MAX_WAIT_S."""
     if wait is None:
@@ -98,12 +81,46 @@ async def read_job(
     kind: str,
     view: Callable[[Job], BaseModel],
     wait: float | None,
+    reusable: Callable[[Job], bool] | None = None,
 ) -> Response:
-    """GET /v1/<kind's collection>/{id}: the job as `view` shows it, conditionally (below)."""
+    """GET /v1/<kind's collection>/{id}: the job as `view` shows it, conditionally (below).
+    `reusable(job)`: whether the view shows nothing but the job's row and its output
+    artifact's, so that its answer may be given again while that row reads back the same
+    (service/api/answers.py); without it, every read makes the view anew."""
+    if not is_id(job_id):
+        raise NotFound(f"no such job: {job_id}")
+    limiter = _readers(request)
 
-    def read() -> tuple[Answer, bool]:
-        job = jobs.get(context.db, tenant=tenant, job_id=job_id, kind=kind)
-        return answer(view(job)), job.status in jobs.TERMINAL
+    def theirs(row: Row[Any] | None) -> Row[Any]:
+        """The row, when it is a job of this kind of the asking tenant's."""
+        if row is None or row.tenant_id != tenant or row.kind != kind:
+            raise NotFound(f"no such job: {job_id}")
+        return row
+
+    def made(row: Row[Any]) -> Kept:
+        job = job_of(row)
+        found = answer(view(job))
+        fresh = Kept(row, found, etag_of(found.version), job.status in jobs.TERMINAL)
+        if reusable is not None and found.timeless and reusable(job):
+            context.answers.put(job_id, fresh)
+        return fresh
+
+    def read_and_make() -> Kept:  # SQLite, when it was busy
+        with context.db.engine.connect() as connection:
+            row = theirs(read_row(connection, job_id))
+        return context.answers.get(job_id, row) or made(row)
+
+    async def read() -> Kept:
+        rows = context.rows
+        if isinstance(rows, LoopRows):  # SQLite: the row on the loop, a view to make on a thread
+            try:
+                row = theirs(rows.read(job_id))
+            except Busy:
+                return await to_thread.run_sync(read_and_make, limiter=limiter)
+        else:
+            row = theirs(await rows.read(job_id))
+        found = context.answers.get(job_id, row)
+        return found if found is not None else await to_thread.run_sync(made, row, limiter=limiter)
 
     return await conditional_read(request, job_id, read, wait)
 
@@ -111,10 +128,10 @@ async def read_job(
 async def conditional_read(
     request: Request,
     job_id: str,
-    read: Callable[[], tuple[Answer, bool]],
+    read: Callable[[], Awaitable[Kept]],
     wait: float | None,
 ) -> Response:
-    """`read()` -> (the job's answer, whether it has ended), run on the job readers' threads."""
+    """`read()` -> the job's answer, its ETag and whether it has ended."""
     seconds = wait_seconds(request, wait)
     asked = request.headers.get("if-none-match")
     loop = asyncio.get_running_loop()
@@ -123,13 +140,13 @@ async def conditional_read(
     while True:
         future = CHANGES.subscribe(job_id) if seconds > 0 else None
         try:
-            found, ended = await to_thread.run_sync(read, limiter=_readers(request))
-            etag = etag_of(found.version)
+            found = await read()
+            etag = found.etag
             if baseline is None:
                 baseline = etag
             unchanged = _matches(asked, etag) if asked is not None else etag == baseline
             remaining = deadline - loop.time()
-            if future is None or ended or not unchanged or remaining <= 0:
+            if future is None or found.ended or not unchanged or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, timeout=remaining)
@@ -139,4 +156,4 @@ async def conditional_read(
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _matches(asked, etag):
         return Response(status_code=304, headers=headers)
-    return Response(content=found.body, media_type="application/json", headers=headers)
+    return Response(content=found.answer.body, media_type="application/json", headers=headers)

@@ -1,18 +1,24 @@
 """Reads that do not hammer: ETag / If-None-Match → 304, and long polling (?wait= and
 Prefer: wait=) woken by the job's change — in-process, and on PostgreSQL from another process
-through LISTEN/NOTIFY — on SQLite and PostgreSQL."""
+through LISTEN/NOTIFY — on SQLite and PostgreSQL; answers given again only while their rows
+read back the same; SQLite read on the event loop, PostgreSQL in batches."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, event, text
 
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
@@ -97,3 +103,127 @@ def test_a_change_made_by_another_process_wakes_the_poll(held: Service) -> None:
     poller.join(timeout=30)
     assert answer["status"] == 200 and answer["body"]["status"] == "canceled"
     assert answer["at"] - canceled_at < 5  # NOTIFY from the other process woke it
+
+
+def test_an_answer_given_again_follows_any_change_to_its_rows(service: Service) -> None:
+    """Answers are kept per row read, not per notification: a change nobody announces (a hand
+    edit in another connection) shows in the very next read, to the job and to its artifact."""
+    job = service.wait(service.submit(layer_swap())["id"])
+    url = f"/v1/merges/{job['id']}"
+    first = service.client.get(url)
+    answers = service.client.app.state.context.answers  # type: ignore[attr-defined]
+    assert first.json() == job and len(answers) == 1  # kept: the job has ended, no ETA
+    again = service.client.get(url)
+    assert again.content == first.content and again.headers["etag"] == first.headers["etag"]
+
+    engine = create_engine(service.settings.database)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("UPDATE jobs SET attempts = attempts + 4 WHERE id = :id"), {"id": job["id"]}
+            )
+        edited = service.client.get(url, headers={"If-None-Match": first.headers["etag"]})
+        assert edited.status_code == 200 and edited.json()["attempts"] == job["attempts"] + 4
+        with engine.begin() as connection:
+            connection.execute(
+                text("UPDATE artifacts SET location = :where WHERE id = :id"),
+                {"where": "/moved/elsewhere", "id": job["output"]["artifact_id"]},
+            )
+        moved = service.client.get(url)
+        assert moved.json()["output"]["location"] == "/moved/elsewhere"
+        assert moved.headers["etag"] != edited.headers["etag"]
+    finally:
+        engine.dispose()
+
+
+def test_a_merge_with_an_evaluation_is_read_anew_each_time(service: Service) -> None:
+    """Its view shows another job (its evaluation), which changes without the merge's row:
+    such an answer is never kept."""
+    merge = service.wait(service.submit(layer_swap())["id"])
+    other = service.wait(service.submit(layer_swap())["id"])  # stands in for its evaluation
+    url = f"/v1/merges/{merge['id']}"
+    engine = create_engine(service.settings.database)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("UPDATE jobs SET result = :result, status = 'failed' WHERE id = :id"),
+                {"result": json.dumps({"evaluation_job_id": other["id"]}), "id": merge["id"]},
+            )
+            connection.execute(
+                text("UPDATE jobs SET status = 'failed' WHERE id = :id"), {"id": other["id"]}
+            )
+        assert service.client.get(url).json()["result"]["evaluation"]["status"] == "failed"
+        with engine.begin() as connection:  # the other job alone changes
+            connection.execute(
+                text("UPDATE jobs SET status = 'canceled' WHERE id = :id"), {"id": other["id"]}
+            )
+        assert service.client.get(url).json()["result"]["evaluation"]["status"] == "canceled"
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_read_waits_on_a_thread_while_sqlite_is_locked(service: Service) -> None:
+    """The event loop reads SQLite without waiting; when the database is locked, the read is
+    made on a thread, which waits for the lock (and the loop serves others meanwhile)."""
+    job = service.wait(service.submit(layer_swap())["id"])
+    context = service.client.app.state.context  # type: ignore[attr-defined]
+    # Exclusive locking in WAL mode: no other connection may be open when it is taken (the
+    # app's reopen as they are next used), and no one reads until the holder closes.
+    context.rows.dispose()
+    service.db.engine.dispose()
+    context.db.engine.dispose()
+    holder = sqlite3.connect(
+        service.settings.database.removeprefix("sqlite:///"),
+        timeout=10,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    released = threading.Timer(1.0, holder.close)
+    released.start()
+    try:
+        began = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(service.client.get, f"/v1/merges/{job['id']}")
+            time.sleep(0.3)  # the read is waiting for the lock by now (or is about to)
+            asked = time.monotonic()
+            assert service.client.get("/healthz").status_code == 200
+            health_s = time.monotonic() - asked
+            read = reading.result(timeout=60)
+        waited = time.monotonic() - began
+        assert read.status_code == 200 and read.json() == job
+        assert waited >= 0.9  # it did wait for the lock
+        assert health_s < 0.5  # but not on the event loop, which answered meanwhile
+    finally:
+        released.join()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_reads_asked_for_together_are_one_select_with_each_its_own_row(
+    held: Service,
+) -> None:
+    ids = [held.submit(layer_swap())["id"] for _ in range(12)]
+    unknown = "f" * 32
+    rows = held.client.app.state.context.rows  # type: ignore[attr-defined]
+    selects: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "FROM jobs" in statement:
+            selects.append(statement)
+
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(rows.read(i) for i in [*ids, unknown, *ids]))
+
+    event.listen(held.db.engine, "before_cursor_execute", count)
+    try:
+        found = held.client.portal.call(read_all)  # type: ignore[union-attr]
+    finally:
+        event.remove(held.db.engine, "before_cursor_execute", count)
+    assert [r.id if r is not None else None for r in found] == [*ids, None, *ids]
+    assert 1 <= len(selects) <= 2  # BATCHES_OUT: the first alone, the rest together
+    # and through the API, concurrently, each poller gets its own job
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: held.client.get(f"/v1/merges/{i}"), [*ids, unknown]))
+    assert [a.json()["id"] for a in answers[:-1]] == ids and answers[-1].status_code == 404
