@@ -17,6 +17,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 
 from service.settings import Settings
@@ -32,12 +33,18 @@ _passed: OrderedDict[tuple[str, tuple[tuple[str, Signature], ...]], None] = Orde
 _lock = threading.Lock()
 
 
-def check_headers(recipe: Recipe, settings: Settings, tenant: str) -> None:
-    """Raises the engine's RecipeError, CheckpointError or IncompatibleCheckpointsError."""
+def check_headers(
+    recipe: Recipe, settings: Settings, tenant: str, *, resolved: Mapping[str, Path] | None = None
+) -> None:
+    """Raises the engine's RecipeError, CheckpointError or IncompatibleCheckpointsError.
+    `resolved`: sources the caller has resolved already (resolve_source), not resolved again."""
     named = named_sources(recipe)
     if any(is_hub_source(n.source) for n in named):
         return
-    paths = {n.source: resolve_source(n.source, settings, tenant) for n in named}
+    known = resolved or {}
+    paths = {
+        n.source: known.get(n.source) or resolve_source(n.source, settings, tenant) for n in named
+    }
     try:
         files = tuple((str(path), directory_signature(path)) for path in paths.values())
     except OSError:  # unreadable: the check below says how, and is not remembered

@@ -44,7 +44,7 @@ def resolve_source(
     """resolve_local under the configured roots, refusing other tenants' artifacts and (at
     submit time) directories that do not exist."""
     real = resolve_local(source, settings.source_roots, field=field)
-    artifacts = settings.artifacts_dir.resolve()
+    artifacts = settings.resolved_artifacts_dir
     if real.is_relative_to(artifacts) and not real.is_relative_to(artifacts / tenant):
         raise SourceNotAllowed(
             f"{field}: {source} is outside the allowed source directories",

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
@@ -89,18 +90,22 @@ def loaded_output(job: Job) -> Artifact | None:
     return loaded if isinstance(loaded, Artifact) else None
 
 
-def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[str, str]]:
+def check_sources(
+    recipe: Recipe, context: Context, tenant: str
+) -> tuple[list[dict[str, str]], dict[str, Path]]:
     """Local sources must lie under an allowed root; Hub sources are pinned to the commit their
-    revision points at now (the job will read only that commit). Returns the pins."""
+    revision points at now (the job will read only that commit). Returns the pins, and the
+    local sources as resolved."""
     credentials = context.settings.hub_credentials
     if recipe.output.hub is not None:  # unknown names fail now
         token_for(recipe.output.hub.credential, tenant=tenant, credentials=credentials,
                   field="output.hub.credential")  # fmt: skip
     pins: dict[str, PinnedRepo] = {}
     sources = []
+    local: dict[str, Path] = {}
     for field, source in ((n.field, n.source) for n in named_sources(recipe)):
         if not is_hub_source(source):
-            resolve_source(source, context.settings, tenant, field=field)
+            local[source] = resolve_source(source, context.settings, tenant, field=field)
             continue
         try:
             ref = parse_hub_source(source)
@@ -119,7 +124,7 @@ def check_sources(recipe: Recipe, context: Context, tenant: str) -> list[dict[st
         pinned = pins[source]
         sources.append({"field": field, "source": source, "repo": pinned.repo,
                         "revision": pinned.revision, "sha": pinned.sha})  # fmt: skip
-    return sources
+    return sources, local
 
 
 # The README's first request: a layer swap of the example checkpoints (`layerswap examples`).
@@ -167,8 +172,8 @@ def _submit_merge(
         check_webhook_url(body.webhook, context.settings, field="webhook")
     if recipe.output.mlflow is not None:
         check_configured(context.settings)
-    sources = check_sources(recipe, context, tenant)
-    check_headers(recipe, context.settings, tenant)
+    sources, local = check_sources(recipe, context, tenant)
+    check_headers(recipe, context.settings, tenant, resolved=local)
     request = recipe_to_dict(recipe)
     if body.evaluation is not None:
         request["evaluation"] = body.evaluation.model_dump()
