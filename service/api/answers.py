@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Row
 
-KEPT_ANSWERS = 4096  # ~2.5 kB of JSON and ~3 kB of row each: ~25 MB at most
+KEPT_ANSWERS = 4096  # ~2.5 kB of JSON and a few kB of row each: ~30 MB at most
 
 
 @dataclass(frozen=True)
