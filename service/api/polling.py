@@ -1,7 +1,9 @@
 """Cheap, patient reads of one job.
 
-The answer is serialised by pydantic's JSON encoder (no second validation by FastAPI) and
-carries a weak ETag of its content less the ETA; `If-None-Match` with the current ETag is a
+Each read is one keyed SELECT of the job's row (service/api/row_reads.py); the answer made from
+an equal row is sent again (service/api/answers.py), else it is made anew, serialised by
+pydantic's JSON encoder (no second validation by FastAPI). It carries a weak ETag of its
+content less the ETA; `If-None-Match` with the current ETag is a
 304 without a body. Long polling (`?wait=N` or `Prefer: wait=N`, N ≤ 60 s) holds the request
 until the job's answer differs from the client's ETag (or, with none, from what it was when the
 request came), the job ends, or N seconds pass — woken by the change notifications of
