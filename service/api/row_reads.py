@@ -63,15 +63,14 @@ class BatchedRows:
     def __init__(self, db: Database) -> None:
         self.engine = db.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._waiting: list[tuple[str, asyncio.Future[Row[Any] | None]]] = []
-        self._out = 0
+        self._out: set[asyncio.Task[None]] = set()  # held here: the loop keeps weak references
 
     async def read(self, job_id: str) -> Row[Any] | None:
         """The job's row, read after this call began; None when there is no such job."""
         future: asyncio.Future[Row[Any] | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((job_id, future))
-        if self._out < BATCHES_OUT:
-            self._out += 1
-            asyncio.get_running_loop().create_task(self._read_batches())
+        if len(self._out) < BATCHES_OUT:
+            self._out.add(asyncio.get_running_loop().create_task(self._read_batches()))
         return await future
 
     async def _read_batches(self) -> None:
@@ -89,8 +88,8 @@ class BatchedRows:
                 for job_id, future in batch:
                     if not future.done():  # not when its request was given up meanwhile
                         future.set_result(rows.get(job_id))
-        finally:
-            self._out -= 1
+        finally:  # at once, with no await since the loop's test: a read after it starts a task
+            self._out.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _read(self, job_ids: Collection[str]) -> dict[str, Row[Any]]:
         with self.engine.connect() as connection:

@@ -214,15 +214,17 @@ def test_reads_asked_for_together_are_one_select_with_each_its_own_row(
             selects.append(statement)
 
     async def read_all() -> list[Any]:
-        return await asyncio.gather(*(rows.read(i) for i in [*ids, unknown, *ids]))
+        together = await asyncio.gather(*(rows.read(i) for i in [*ids, unknown, *ids]))
+        one_by_one = [await asyncio.wait_for(rows.read(i), 30) for i in ids[:3]]
+        return [*together, *one_by_one]  # each alone after the batches ended: a batch each
 
     event.listen(held.db.engine, "before_cursor_execute", count)
     try:
         found = held.client.portal.call(read_all)  # type: ignore[union-attr]
     finally:
         event.remove(held.db.engine, "before_cursor_execute", count)
-    assert [r.id if r is not None else None for r in found] == [*ids, None, *ids]
-    assert 1 <= len(selects) <= 2  # BATCHES_OUT: the first alone, the rest together
+    assert [r.id if r is not None else None for r in found] == [*ids, None, *ids, *ids[:3]]
+    assert 1 + 3 <= len(selects) <= 2 + 3  # BATCHES_OUT: the first alone, the rest together
     # and through the API, concurrently, each poller gets its own job
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: held.client.get(f"/v1/merges/{i}"), [*ids, unknown]))
