@@ -168,6 +168,19 @@ def process_cpu_seconds(pid: int | str, *, children: bool = False) -> float:
     return sum(fields if children else fields[:2]) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """process_cpu_seconds of a process and of its live children (`serve --workers N`)."""
+    total = process_cpu_seconds(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # its parent
+            total += process_cpu_seconds(stat.parent.name)
+    return total
+
+
 def postgres_cpu_seconds() -> float:
     """CPU time so far of every process named `postgres` on the machine and of their exited
     children: the server, its live backends, and the backends that have come and gone (the
@@ -257,12 +270,13 @@ class Deployment:
 
 @contextlib.contextmanager
 def deployment(
-    kind: str, work: Path, *, worker_nice: int = 0, code: Path | None = None
+    kind: str, work: Path, *, worker_nice: int = 0, code: Path | None = None, api_workers: int = 1
 ) -> Iterator[Deployment]:
     """Start a deployment under `work`; stop everything it started on the way out. With
     `worker_nice`, the celery worker runs at that lower CPU priority (`layerswap worker --nice`).
     With `code`, a checkout of other code (--baseline): its `service` and `worker` packages
-    are imported instead of this checkout's, on this checkout's virtual environment."""
+    are imported instead of this checkout's, on this checkout's virtual environment. With
+    `api_workers` > 1 (PostgreSQL only), `layerswap serve --workers N`."""
     data = work / "data"
     logs = work / "logs"
     logs.mkdir(parents=True)
@@ -316,7 +330,12 @@ def deployment(
                 + (f"; `--nice {worker_nice}`, below the API's priority" if worker_nice else "")
                 + ")"
             )
-        api = Process("layerswap serve", [str(LAYERSWAP), "serve"], env, logs / "serve.log")
+        serve = [
+            str(LAYERSWAP),
+            "serve",
+            *(["--workers", str(api_workers)] if api_workers > 1 else []),
+        ]
+        api = Process("layerswap serve", serve, env, logs / "serve.log")
         stack.callback(api.stop)
         wait_for(lambda: api.alive() and http_ready(base_url), "layerswap serve", 90)
         worker = None
@@ -421,7 +440,7 @@ class CpuMeter:
     def _now(self) -> dict[str, float]:
         now = {
             "client": time.process_time(),
-            "api": self.target.api.cpu_seconds(),
+            "api": tree_cpu_seconds(self.target.api.pid),
             "machine": machine_busy_seconds(),
         }
         if self.target.worker is not None:
@@ -966,7 +985,8 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             f"Load average before/after: {meta['load_before']} / {meta['load_after']}. "
             f"{meta['versions']}.",
             "",
-            "Deployments (each started fresh in a temporary directory; one uvicorn process, "
+            "Deployments (each started fresh in a temporary directory; one uvicorn process "
+            "unless said otherwise, "
             "`layerswap serve`):",
             "",
             deployments,
@@ -1017,7 +1037,10 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
 # -- main ------------------------------------------------------------------------------------
 def run_one(kind: str, work: Path, args: argparse.Namespace, code: Path | None) -> Result:
     try:
-        with deployment(kind, work, worker_nice=args.worker_nice, code=code) as target:
+        api_workers = args.api_workers if kind == "celery" else 1  # SQLite: one process
+        with deployment(
+            kind, work, worker_nice=args.worker_nice, code=code, api_workers=api_workers
+        ) as target:
             return run_loop(run_deployment(target, args), args.client)
     except Exception:
         for log in sorted((work / "logs").glob("*.log")):
@@ -1064,13 +1087,18 @@ def main(argv: list[str] | None = None) -> None:
         "an operator would on a host shared with the API; default 0: the same priority",
     )  # fmt: skip
     parser.add_argument(
+        "--api-workers", type=int, default=1, metavar="N",
+        help="API processes of the celery deployment (`layerswap serve --workers N`); the "
+        "embedded one always runs one (SQLite has one writer)",
+    )  # fmt: skip
+    parser.add_argument(
         "--baseline", metavar="GIT_REF",
         help="also run the deployments on this commit's code (a git worktree), each just "
         "before this checkout's, and report the two side by side",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
     args = parser.parse_args(argv)
-    for name in ("submits", "concurrency", "pollers", "warmup_submits"):
+    for name in ("submits", "concurrency", "pollers", "warmup_submits", "api_workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not LAYERSWAP.exists():
