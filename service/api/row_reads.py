@@ -8,7 +8,7 @@ is busy all the same, that read is made on a thread, where waiting holds up no o
 
 PostgreSQL: in batches. The rows asked for while a batch is out are read together in the next
 one (`WHERE id = ANY(...)`, on a thread, in autocommit: a lone SELECT needs no transaction), so
-200 pollers cost a few round trips and thread hops per batch instead of one each. A batch
+200 pollers cost one round trip and one thread hop per batch, not one each. A batch
 starts after every request in it arrived, so each answer still shows every change committed
 before its request came."""
 
