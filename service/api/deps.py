@@ -32,8 +32,7 @@ class Context:
         self.rows = LoopRows(self.db) if self.db.is_sqlite else BatchedRows(self.db)
 
     def close(self) -> None:
-        if isinstance(self.rows, LoopRows):
-            self.rows.dispose()
+        self.rows.dispose()
 
 
 async def get_context(request: Request) -> Context:

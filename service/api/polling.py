@@ -26,11 +26,10 @@ from sqlalchemy import Row
 from service import jobs
 from service.api.answers import Kept, answer, etag_of
 from service.api.deps import Context
-from service.api.row_reads import Busy, LoopRows
 from service.changes import CHANGES
 from service.db.models import Job
 from service.errors import NotFound
-from service.job_rows import job_of, read_row
+from service.job_rows import job_of
 from service.jobs import is_id
 
 MAX_WAIT_S = 60.0
@@ -93,12 +92,6 @@ async def read_job(
         raise NotFound(f"no such job: {job_id}")
     limiter = _readers(request)
 
-    def theirs(row: Row[Any] | None) -> Row[Any]:
-        """The row, when it is a job of this kind of the asking tenant's."""
-        if row is None or row.tenant_id != tenant or row.kind != kind:
-            raise NotFound(f"no such job: {job_id}")
-        return row
-
     def made(row: Row[Any]) -> Kept:
         job = job_of(row)
         found = answer(view(job))
@@ -107,20 +100,10 @@ async def read_job(
             context.answers.put(job_id, fresh)
         return fresh
 
-    def read_and_make() -> Kept:  # SQLite, when it was busy
-        with context.db.engine.connect() as connection:
-            row = theirs(read_row(connection, job_id))
-        return context.answers.get(job_id, row) or made(row)
-
     async def read() -> Kept:
-        rows = context.rows
-        if isinstance(rows, LoopRows):  # SQLite: the row on the loop, a view to make on a thread
-            try:
-                row = theirs(rows.read(job_id))
-            except Busy:
-                return await to_thread.run_sync(read_and_make, limiter=limiter)
-        else:
-            row = theirs(await rows.read(job_id))
+        row = await context.rows.read(job_id)
+        if row is None or row.tenant_id != tenant or row.kind != kind:  # before any answer
+            raise NotFound(f"no such job: {job_id}")
         found = context.answers.get(job_id, row)
         return found if found is not None else await to_thread.run_sync(made, row, limiter=limiter)
 

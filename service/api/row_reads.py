@@ -30,28 +30,30 @@ BATCH_ROWS = 200  # at most this many ids per SELECT
 BATCHES_OUT = 2  # batches read at once: one fills while the other is out
 
 
-class Busy(Exception):
-    """SQLite could not be read without waiting."""
-
-
 class LoopRows:
     """SQLite: rows read on the event loop's thread, on one connection used by that thread
-    alone, which gives up at once (Busy) when the database is locked."""
+    alone, which gives up at once when the database is locked; that read is then made on a
+    thread, on the Database's pool (whose connections wait for the lock)."""
 
     def __init__(self, db: Database) -> None:
+        self.db = db
         self.engine = create_engine(
             db.url, poolclass=StaticPool, connect_args={"check_same_thread": False, "timeout": 0}
         )
 
-    def read(self, job_id: str) -> Row[Any] | None:
+    async def read(self, job_id: str) -> Row[Any] | None:
         """The job's row; None when there is no such job."""
         try:
             with self.engine.connect() as connection:
                 return read_row(connection, job_id)
         except OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
-                raise Busy(str(e)) from e
-            raise
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+        return await to_thread.run_sync(self._read_waiting, job_id)
+
+    def _read_waiting(self, job_id: str) -> Row[Any] | None:
+        with self.db.engine.connect() as connection:
+            return read_row(connection, job_id)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -94,3 +96,6 @@ class BatchedRows:
     def _read(self, job_ids: Collection[str]) -> dict[str, Row[Any]]:
         with self.engine.connect() as connection:
             return {row.id: row for row in read_rows(connection, job_ids)}
+
+    def dispose(self) -> None:
+        """Nothing of its own: it reads on the Database's pool."""
