@@ -157,27 +157,32 @@ class Process:
             self.popen.wait(timeout=timeout)
 
 
-def process_cpu_seconds(pid: int | str, *, children: bool = False) -> float:
-    """User + system CPU time of a process (all its threads) so far, with `children` also
-    that of its children that have exited and been waited for; NaN once it is gone."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (state, ppid, ...); None once it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the name is in parentheses and may hold spaces
+
+
+def process_cpu_seconds(pid: int | str, *, children: bool = False) -> float:
+    """User + system CPU time of a process (all its threads) so far, with `children` also
+    that of its children that have exited and been waited for; NaN once it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
         return math.nan
-    fields = [int(v) for v in stat.rsplit(")", 1)[1].split()[11:15]]  # comm may have spaces
-    return sum(fields if children else fields[:2]) / os.sysconf("SC_CLK_TCK")
+    ticks = [int(v) for v in fields[11:15]]
+    return sum(ticks if children else ticks[:2]) / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(pid: int) -> float:
     """process_cpu_seconds of a process and of its live children (`serve --workers N`)."""
     total = process_cpu_seconds(pid)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:  # its parent
-            total += process_cpu_seconds(stat.parent.name)
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(entry.name)
+        if fields is not None and int(fields[1]) == pid:  # its parent
+            total += process_cpu_seconds(entry.name)
     return total
 
 
