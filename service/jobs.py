@@ -9,13 +9,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, cast
+from weakref import WeakKeyDictionary
 
-from sqlalchemy import Insert, Table, and_, bindparam, insert, literal, or_, select, update
+from sqlalchemy import Table, and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -23,6 +25,7 @@ from service.changes import touched
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from service.job_inserts import QueuedJobWriter
 from service.quota import check_room
 from service.settings import Settings
 
@@ -121,40 +124,12 @@ def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
         return found, False
 
 
-def _queued_with_event() -> Insert:
-    """One PostgreSQL statement (atomic on its own) that inserts a job and its `queued` event:
-    `WITH j AS (INSERT INTO jobs ... RETURNING ...) INSERT INTO job_events SELECT ... FROM j`.
-    Built once, so its compiled form is cached; SQLite has no INSERT inside WITH."""
-    job = insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type)
-                               for name in QUEUED_COLUMNS})  # fmt: skip
-    inserted = job.returning(JOBS.c.id, JOBS.c.created_at).cte("inserted_job")
-    return insert(JOB_EVENTS).from_select(
-        ["job_id", "type", "data", "created_at"],
-        select(
-            inserted.c.id,
-            literal(QUEUED, JOB_EVENTS.c.type.type),
-            literal({}, JOB_EVENTS.c.data.type),
-            inserted.c.created_at,
-        ),
-    )
-
-
-QUEUED_COLUMNS = (
-    "id", "tenant_id", "kind", "status", "stage", "request", "request_hash", "idempotency_key",
-    "output_name", "max_attempts", "sources", "bytes_done", "bytes_total", "tensors_done",
-    "tensors_total", "attempts", "cancel_requested", "created_at",
-)  # fmt: skip
-QUEUED_WITH_EVENT = _queued_with_event()
-
-
 def _insert_queued(
     db: Database, new: NewJob, job_id: str, name: str, digest: str, max_attempts: int
 ) -> dict[str, Any]:
-    """Insert a submitted job and its `queued` event, atomically, and return the job row's
-    values. On PostgreSQL one statement in autocommit: one round trip where a transaction of
-    two INSERTs took four (BEGIN, INSERT, INSERT, COMMIT), and 0.18 ms of the API's CPU against
-    0.78 ms. No change notification: nothing can be waiting on a job whose id no one has been
-    told yet."""
+    """Insert a submitted job and its `queued` event, atomically (service/job_inserts.py), and
+    return the job row's values. No change notification: nothing can be waiting on a job whose
+    id no one has been told yet."""
     row = {
         "id": job_id, "tenant_id": new.tenant, "kind": new.kind, "status": QUEUED,
         "stage": None, "request": new.request, "request_hash": digest,
@@ -163,15 +138,21 @@ def _insert_queued(
         "bytes_total": 0, "tensors_done": 0, "tensors_total": 0, "attempts": 0,
         "cancel_requested": False, "created_at": utcnow(),
     }  # fmt: skip
-    if db.is_sqlite:
-        with db.session() as session:
-            session.execute(insert(JOBS), row)
-            session.execute(insert(JOB_EVENTS), {"job_id": job_id, "type": QUEUED, "data": {},
-                                                 "created_at": row["created_at"]})  # fmt: skip
-        return row
-    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.execute(QUEUED_WITH_EVENT, row)
+    queued_job_writer(db).insert(db, row)
     return row
+
+
+def queued_job_writer(db: Database) -> QueuedJobWriter:
+    """The Database's writer of submitted jobs: one per Database, so its batches share it."""
+    with _writers_lock:
+        writer = _writers.get(db)
+        if writer is None:
+            writer = _writers[db] = QueuedJobWriter(JOBS, JOB_EVENTS, QUEUED)
+        return writer
+
+
+_writers: WeakKeyDictionary[Database, QueuedJobWriter] = WeakKeyDictionary()
+_writers_lock = threading.Lock()
 
 
 def add_queued(
