@@ -730,7 +730,7 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
 
     say(f"[{target.kind}] {target.description}; API at {target.base_url}", flush=True)
     warm, warm_ids, _ = await submit_phase(
-        target, "submit warm-up", args.warmup_submits, min(args.concurrency, 8),
+        target, "submit warm-up", args.warmup_submits, args.concurrency,
         client_gc=args.client_gc, client_kind=args.client,
     )  # fmt: skip
     if warm.non_2xx or warm.transport_errors:
@@ -996,8 +996,9 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             "",
             deployments,
             "",
-            f"Parameters: {args.warmup_submits} warm-up submits (run to completion, not "
-            f"measured); then {args.submits} submits (`POST /v1/merges`, a layer swap of the "
+            f"Parameters: {args.warmup_submits} warm-up submits from {args.concurrency} "
+            f"clients (run to completion, not measured); then {args.submits} submits "
+            "(`POST /v1/merges`, a layer swap of the "
             f"example checkpoints, each a new job) from {args.concurrency} concurrent "
             f"closed-loop clients; then, once they have all run, {args.pollers} concurrent "
             f"pollers `GET /v1/merges/{{id}}` over those jobs, {args.poll_warmup:g} s "
@@ -1063,12 +1064,20 @@ def _terminate(signum: int, _frame: FrameType | None) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--deployment", choices=[*DEPLOYMENTS, "both"], default="both")
-    parser.add_argument("--submits", type=int, default=500)
+    parser.add_argument(
+        "--submits", type=int, default=2000,
+        help="measured submits (500 before 2026-11-24: under a second at today's rates)",
+    )  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=32, help="concurrent submit clients")
     parser.add_argument("--pollers", type=int, default=200)
     parser.add_argument("--duration", type=float, default=20.0, help="measured poll seconds")
     parser.add_argument("--poll-warmup", type=float, default=3.0, help="unmeasured poll seconds")
-    parser.add_argument("--warmup-submits", type=int, default=16)
+    parser.add_argument(
+        "--warmup-submits", type=int, default=64,
+        help="unmeasured submits first, from as many clients as the measured ones, so the "
+        "API's request threads and pooled connections exist before the clock starts (16 "
+        "from 8 clients before 2026-11-24)",
+    )  # fmt: skip
     parser.add_argument(
         "--open-loop-rate", type=float, default=1.0, help="requests/s per poller, open loop"
     )
