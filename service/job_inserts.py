@@ -1,14 +1,14 @@
 """Inserting submitted jobs, each with its `queued` event, atomically.
 
-PostgreSQL: one statement per job (`WITH j AS (INSERT INTO jobs ...) INSERT INTO job_events
-SELECT ... FROM j`), and jobs submitted at the same time are committed together (group
-commit). The first submit to find no write out leads: it takes every job waiting, itself
-first, and inserts them in one transaction (psycopg pipelines the statements: one round trip).
-Jobs that arrive meanwhile wait; when the batch is in, the leader hands over to the first of
-them and returns. No thread of the API's pool is added or kept: a leader is a submit's own
-thread, and it writes one batch only, so no request waits behind more than one batch before its
-own. If a batch fails, each of its jobs is inserted alone, so each submit gets the answer a
-lone insert would have (a duplicate idempotency key fails only its own request).
+PostgreSQL: one statement per job (`WITH inserted_job AS (INSERT INTO jobs ...) INSERT INTO
+job_events SELECT ... FROM inserted_job`), and jobs submitted at the same time are committed
+together (group commit). The first submit to find no write out leads: it takes every job
+waiting, itself first, and inserts them in one transaction (psycopg pipelines the statements:
+one round trip). Jobs that arrive meanwhile wait; when the batch is in, the leader hands over to
+the first of them and returns. No thread of the API's pool is added or kept: a leader is a
+submit's own thread, and it writes one batch only, so no request waits behind more than one
+batch before its own. If a batch fails, each of its jobs is inserted alone, so each submit gets
+the answer a lone insert would have (a duplicate idempotency key fails only its own request).
 
 Measured in-process on this machine's PostgreSQL: 0.78 ms of CPU per submit as two INSERTs in a
 transaction (four round trips), 0.18 ms as one statement, 0.06 ms per job in batches of 10.
