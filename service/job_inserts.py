@@ -20,38 +20,56 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Insert, Table, bindparam, insert, literal, select
 
+from service.db.models import Job, JobEvent
 from service.db.session import Database
 
 BATCH_JOBS = 100  # at most this many jobs per transaction
 
-QUEUED_COLUMNS = (
+JOBS, JOB_EVENTS = cast(Table, Job.__table__), cast(Table, JobEvent.__table__)
+COLUMNS = (
     "id", "tenant_id", "kind", "status", "stage", "request", "request_hash", "idempotency_key",
     "output_name", "max_attempts", "sources", "bytes_done", "bytes_total", "tensors_done",
     "tensors_total", "attempts", "cancel_requested", "created_at",
 )  # fmt: skip
 
 
-def queued_with_event(jobs: Table, events: Table, status: str) -> Insert:
-    """The job (bound parameters named after QUEUED_COLUMNS) and an event of type `status`
-    with empty data at the job's created_at, in one statement. Built once, so its compiled
-    form is cached."""
-    job = insert(jobs).values(
-        {name: bindparam(name, type_=jobs.c[name].type) for name in QUEUED_COLUMNS}
-    )
-    inserted = job.returning(jobs.c.id, jobs.c.created_at).cte("inserted_job")
-    return insert(events).from_select(
+def _job_with_event() -> Insert:
+    """The job (bound parameters named after COLUMNS) and its first event (its status, no data,
+    at its created_at) in one statement. Built once, so its compiled form is cached."""
+    job = insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in COLUMNS})
+    inserted = job.returning(JOBS.c.id, JOBS.c.status, JOBS.c.created_at).cte("inserted_job")
+    return insert(JOB_EVENTS).from_select(
         ["job_id", "type", "data", "created_at"],
         select(
             inserted.c.id,
-            literal(status, events.c.type.type),
-            literal({}, events.c.data.type),
+            inserted.c.status,
+            literal({}, JOB_EVENTS.c.data.type),
             inserted.c.created_at,
         ),
     )
+
+
+JOB_WITH_EVENT = _job_with_event()
+
+
+def insert_queued(db: Database, row: dict[str, Any]) -> None:
+    """Insert the job `row` (values of COLUMNS) and its first event, atomically; returns once
+    both are committed, or raises what inserting this job alone raised."""
+    writer_for(db).insert(db, row)
+
+
+def writer_for(db: Database) -> QueuedJobWriter:
+    """The Database's writer: one per Database, so that its submits share batches."""
+    with _writers_lock:
+        writer = _writers.get(db)
+        if writer is None:
+            writer = _writers[db] = QueuedJobWriter()
+        return writer
 
 
 @dataclass(eq=False)
@@ -65,13 +83,10 @@ class _Waiting:
 
 
 class QueuedJobWriter:
-    """For one Database (given to each call, not held: the writer is kept per Database in a
-    weak mapping); thread-safe. `insert(db, row)` returns once the job and its event are
-    committed, or raises what inserting that job alone raised."""
+    """For one Database (given to each call, not held: writers are kept per Database in a weak
+    mapping); thread-safe."""
 
-    def __init__(self, jobs: Table, events: Table, status: str) -> None:
-        self.jobs, self.events, self.status = jobs, events, status
-        self.statement = queued_with_event(jobs, events, status)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: list[_Waiting] = []
         self._writing = False
@@ -121,7 +136,7 @@ class QueuedJobWriter:
         if len(batch) > 1:
             try:
                 with db.engine.begin() as connection:
-                    connection.execute(self.statement, [w.row for w in batch])
+                    connection.execute(JOB_WITH_EVENT, [w.row for w in batch])
             except Exception:
                 pass  # each alone below, for its own answer
             else:
@@ -133,16 +148,20 @@ class QueuedJobWriter:
                 with db.engine.connect().execution_options(
                     isolation_level="AUTOCOMMIT"
                 ) as connection:
-                    connection.execute(self.statement, waiting.row)
+                    connection.execute(JOB_WITH_EVENT, waiting.row)
                 waiting.committed = True
             except Exception as e:
                 waiting.error = e
 
     def _insert_sqlite(self, db: Database, row: dict[str, Any]) -> None:
         with db.session() as session:
-            session.execute(insert(self.jobs), row)
+            session.execute(insert(JOBS), row)
             session.execute(
-                insert(self.events),
-                {"job_id": row["id"], "type": self.status, "data": {},
+                insert(JOB_EVENTS),
+                {"job_id": row["id"], "type": row["status"], "data": {},
                  "created_at": row["created_at"]},
             )  # fmt: skip
+
+
+_writers: WeakKeyDictionary[Database, QueuedJobWriter] = WeakKeyDictionary()
+_writers_lock = threading.Lock()

@@ -9,15 +9,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, cast
-from weakref import WeakKeyDictionary
+from typing import Any, Protocol
 
-from sqlalchemy import Table, and_, or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -25,7 +23,7 @@ from service.changes import touched
 from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
-from service.job_inserts import QueuedJobWriter
+from service.job_inserts import insert_queued
 from service.quota import check_room
 from service.settings import Settings
 
@@ -35,7 +33,6 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
 OUTPUT = joinedload(Job.output_artifact)  # read with the job: a view needs it (merges.read_job)
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
-JOBS, JOB_EVENTS = cast(Table, Job.__table__), cast(Table, JobEvent.__table__)
 
 
 class Executor(Protocol):
@@ -138,21 +135,8 @@ def _insert_queued(
         "bytes_total": 0, "tensors_done": 0, "tensors_total": 0, "attempts": 0,
         "cancel_requested": False, "created_at": utcnow(),
     }  # fmt: skip
-    queued_job_writer(db).insert(db, row)
+    insert_queued(db, row)
     return row
-
-
-def queued_job_writer(db: Database) -> QueuedJobWriter:
-    """The Database's writer of submitted jobs: one per Database, so its batches share it."""
-    with _writers_lock:
-        writer = _writers.get(db)
-        if writer is None:
-            writer = _writers[db] = QueuedJobWriter(JOBS, JOB_EVENTS, QUEUED)
-        return writer
-
-
-_writers: WeakKeyDictionary[Database, QueuedJobWriter] = WeakKeyDictionary()
-_writers_lock = threading.Lock()
 
 
 def add_queued(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from service import jobs
+from service import job_inserts, jobs
 from service.db.models import Job, JobEvent
 from service.db.session import Database
 from service.settings import Settings
@@ -46,7 +46,7 @@ def test_jobs_arriving_during_a_write_go_in_one_batch_and_a_failing_one_fails_al
             batches.append(len(params))
 
     event.listen(db.engine, "before_cursor_execute", seen)
-    writer = jobs.queued_job_writer(db)
+    writer = job_inserts.writer_for(db)
 
     def submit(key: str | None, **params: Any) -> Future[tuple[Job, bool]]:
         new = jobs.NewJob(TENANT, "merge", layer_swap(**params), None, key)
@@ -92,7 +92,7 @@ def test_many_concurrent_submits_are_each_written_once(pg_store: tuple[Database,
     with ThreadPoolExecutor(16) as pool:
         ids = list(pool.map(submit, range(16), timeout=60))
     assert len(set(ids)) == 16
-    assert jobs.queued_job_writer(db).waiting() == 0
+    assert job_inserts.writer_for(db).waiting() == 0
     with db.session() as session:
         rows = session.execute(select(JobEvent.job_id, JobEvent.type)).all()
     assert sorted(rows) == sorted((i, jobs.QUEUED) for i in ids)
