@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from service import jobs
 from service.app import create_app
 from service.db.migrate import upgrade
 from service.db.session import Database
@@ -134,3 +135,33 @@ def layer_swap(**params: Any) -> dict[str, Any]:
         "experts": {"task": ["math"], "language": ["swh"]},
         "params": {"bottom": 1, "top": 1, **params},
     }
+
+
+# --- stores: a migrated database with its tenant, no app and no executor --------------------
+TENANT = "default"
+
+
+@contextmanager
+def open_store(tmp_path: Path, url: str) -> Iterator[tuple[Database, Settings]]:
+    """A migrated store at `url` with its tenant, and no executor running."""
+    settings = make_settings(tmp_path, url)
+    upgrade(url)
+    db = Database(url)
+    jobs.ensure_tenant(db, TENANT)
+    try:
+        yield db, settings
+    finally:
+        db.dispose()
+
+
+@pytest.fixture
+def store(tmp_path: Path, database_url: str) -> Iterator[tuple[Database, Settings]]:
+    """On SQLite and on PostgreSQL."""
+    with open_store(tmp_path, database_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def pg_store(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Database, Settings]]:
+    with open_store(tmp_path, postgres_url) as opened:
+        yield opened

@@ -19,7 +19,6 @@ from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor, soup
 from tests.service.test_store import (
     TENANT,
-    store,  # noqa: F401  (a fixture)
 )
 from worker.pipeline import run_job
 
@@ -169,7 +168,7 @@ def test_a_merge_that_would_pass_the_quota_is_refused_before_writing(
 
 
 def test_the_quota_check_counts_the_tenants_live_stored_artifacts(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     db, settings = store
     ensure_tenant(db, "other")

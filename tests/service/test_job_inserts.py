@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import event, func, select, text
 
 from service import job_inserts, jobs
 from service.db.models import Job, JobEvent
 from service.db.session import Database
 from service.settings import Settings
-from tests.service.conftest import layer_swap
-from tests.service.test_store import TENANT, open_store
-
-
-@pytest.fixture
-def pg_store(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Database, Settings]]:
-    with open_store(tmp_path, postgres_url) as opened:
-        yield opened
+from tests.service.conftest import TENANT, layer_swap
 
 
 def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

@@ -29,7 +29,6 @@ from tests.service.test_store import (
     job_row,
     new_job,
     set_state,
-    store,  # noqa: F401  (a fixture)
 )
 from worker.engine.merge import MergeOptions, merge
 from worker.engine.recipe import parse_recipe
@@ -145,7 +144,7 @@ def lose_attempt(db: Database, settings: Settings, job_id: str) -> None:
 
 @pytest.mark.parametrize("ending", ["attempts_exhausted", "canceled"])
 def test_the_reconciler_removes_the_output_of_a_job_it_ends(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
     ending: str,
 ) -> None:
@@ -169,7 +168,7 @@ def test_the_reconciler_removes_the_output_of_a_job_it_ends(
 
 
 def test_the_reconciler_leaves_another_jobs_output(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
 ) -> None:
     """A job that ends without succeeding under a name another job's output holds: that
@@ -193,7 +192,7 @@ def test_the_reconciler_leaves_another_jobs_output(
 
 
 def test_a_name_held_by_an_orphan_can_be_asked_for_again(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
 ) -> None:
     """An orphan the reconciler did not remove (it ended in a process that stopped, or before

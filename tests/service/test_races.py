@@ -22,7 +22,6 @@ from tests.service.test_store import (
     event_types,
     job_row,
     new_job,
-    store,  # noqa: F401  (a fixture)
 )
 from worker.lease import JobLease
 from worker.pipeline import _finish
@@ -76,7 +75,7 @@ def set_status(job_id: str, status: str) -> Callable[[Connection], None]:
 
 @pytest.mark.parametrize("finished", [jobs.SUCCEEDED, jobs.FAILED])
 def test_a_job_that_finishes_during_a_cancel_stays_finished(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     finished: str,
 ) -> None:
     db, settings = store
@@ -97,7 +96,7 @@ def test_a_job_that_finishes_during_a_cancel_stays_finished(
 
 
 def test_a_job_claimed_during_a_cancel_is_asked_to_stop(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     """queued -> running between the two compare-and-sets: the cancel still lands, as
     canceling, with one event."""
@@ -118,7 +117,7 @@ def test_a_job_claimed_during_a_cancel_is_asked_to_stop(
 
 @pytest.mark.parametrize("taken_to", [jobs.QUEUED, jobs.FAILED, jobs.CANCELED])
 def test_a_final_write_loses_to_the_reconciler(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     taken_to: str,
 ) -> None:
     """The reconciler re-queues (or gives up on) the job just as its attempt writes its end:
@@ -140,7 +139,7 @@ def test_a_final_write_loses_to_the_reconciler(
 
 
 def test_a_cancel_during_the_final_write_keeps_the_result(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     """running -> canceling while the attempt finishes: canceling still belongs to the attempt,
     so its end is written (the work was done) and the cancel comes too late."""

@@ -21,7 +21,6 @@ from tests.service.test_store import (
     job_row,
     new_job,
     set_state,
-    store,  # noqa: F401  (a fixture)
 )
 from worker.engine.digests import file_sha256
 from worker.engine.progress import Progress
@@ -61,7 +60,7 @@ def age(db: Database, job_id: str, seconds: float) -> None:
 
 
 def test_stale_running_jobs_are_requeued_failed_or_canceled(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     db, settings = store
     alive, dead, exhausted, canceling = (new_job(db, settings) for _ in range(4))
@@ -92,7 +91,7 @@ def test_stale_running_jobs_are_requeued_failed_or_canceled(
 
 
 def test_concurrent_reconcilers_requeue_a_job_once(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     db, settings = store
     job_id = new_job(db, settings)
@@ -115,7 +114,7 @@ def test_concurrent_reconcilers_requeue_a_job_once(
 
 
 def test_lost_deliveries_are_sent_again_and_held_ones_are_not(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     db, settings = store
     lost, held, _fresh = (new_job(db, settings) for _ in range(3))
@@ -137,7 +136,7 @@ def test_lost_deliveries_are_sent_again_and_held_ones_are_not(
 
 
 def test_a_superseded_attempt_can_write_nothing(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     db, settings = store
     job_id = new_job(db, settings)
@@ -185,7 +184,7 @@ def published_by_lost_attempt(db: Database, settings: Settings, examples: Path) 
 
 
 def test_an_output_published_by_a_lost_attempt_is_adopted(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
 ) -> None:
     """Attempt 1 published its output and died before recording it: attempt 2 records that
@@ -204,7 +203,7 @@ def test_an_output_published_by_a_lost_attempt_is_adopted(
 
 
 def test_an_output_tampered_with_is_merged_again(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
 ) -> None:
     db, settings = store
@@ -224,7 +223,7 @@ def test_an_output_tampered_with_is_merged_again(
 
 
 def test_another_jobs_output_is_never_replaced(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
     examples: Path,
 ) -> None:
     """Two jobs raced to the same output name: the second fails, even on a retry, and the
@@ -256,7 +255,7 @@ def _other_recipe(job: Job) -> dict[str, Any]:
 
 
 def test_heartbeats_come_from_their_own_thread(
-    store: tuple[Database, Settings],  # noqa: F811
+    store: tuple[Database, Settings],
 ) -> None:
     """No progress at all (a long fsync, a huge tensor), yet the job stays alive."""
     db, settings = store

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,36 +22,8 @@ from service.db.migrate import upgrade
 from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge, as_utc, utcnow
 from service.db.session import Database
 from service.settings import Settings
-from tests.service.conftest import layer_swap, make_settings
+from tests.service.conftest import TENANT, layer_swap, make_settings
 from worker.pipeline import run_job
-
-TENANT = "default"
-
-
-@contextmanager
-def open_store(tmp_path: Path, url: str) -> Iterator[tuple[Database, Settings]]:
-    """A migrated store at `url` with its tenant, and no executor running."""
-    settings = make_settings(tmp_path, url)
-    upgrade(url)
-    db = Database(url)
-    jobs.ensure_tenant(db, TENANT)
-    try:
-        yield db, settings
-    finally:
-        db.dispose()
-
-
-@pytest.fixture
-def store(tmp_path: Path, database_url: str) -> Iterator[tuple[Database, Settings]]:
-    """On SQLite and on PostgreSQL."""
-    with open_store(tmp_path, database_url) as opened:
-        yield opened
-
-
-@pytest.fixture
-def pg_store(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Database, Settings]]:
-    with open_store(tmp_path, postgres_url) as opened:
-        yield opened
 
 
 def new_job(db: Database, settings: Settings, **params: Any) -> str:
