@@ -256,12 +256,17 @@ def test_model_card_states_method_inputs_and_layers(llama: Family, run_merge: An
     assert '"bottom"' in body and "layer swapping" in body
 
 
-@pytest.mark.parametrize("copy_in_kernel", [True, False], ids=["copy_file_range", "buffered"])
+@pytest.mark.parametrize(
+    ("copy_in_kernel", "hash_through_map"),
+    [(True, True), (False, False)],
+    ids=["copy_file_range-mapped_hash", "buffered-buffered_hash"],
+)
 def test_writer_copies_and_writes_land_at_their_offsets(
-    tmp_path: Path, copy_in_kernel: bool
+    tmp_path: Path, copy_in_kernel: bool, hash_through_map: bool
 ) -> None:
-    """Both copy paths: ranges of a source file (one larger than a copy piece, so it is split)
-    and computed bytes, queued out of order, make exactly the planned file and its sha256."""
+    """Both copy and both hashing paths: ranges of a source file (one larger than a copy piece
+    and a hashing block, so both split it) and computed bytes, queued out of order, at offsets
+    that are not page-aligned, make exactly the planned file and its sha256."""
     from worker.engine.writer import COPY_PIECE, OutputWriter
 
     source = tmp_path / "source.bin"
@@ -275,7 +280,11 @@ def test_writer_copies_and_writes_land_at_their_offsets(
     fd = os.open(source, os.O_RDONLY)
     try:
         writer = OutputWriter(
-            out, [("f.bin", header, len(expected))], durable=True, copy_in_kernel=copy_in_kernel
+            out,
+            [("f.bin", header, len(expected))],
+            durable=True,
+            copy_in_kernel=copy_in_kernel,
+            hash_through_map=hash_through_map,
         )
         start = len(header) + len(computed)
         writer.put_copy(0, start + len(data) - 5, fd, 0, 5)
