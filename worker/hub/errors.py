@@ -52,6 +52,14 @@ class HubUnavailable(HubError):
     http_status = 503
 
 
+class HubRejected(HubError):
+    """The Hub refused the request as malformed (HTTP 400, 413, 422): asking again would get the
+    same answer, so it is not retried."""
+
+    code = "hub_rejected"
+    http_status = 502
+
+
 class HubNotSafetensors(HubError):
     code = "hub_not_safetensors"
     http_status = 422
@@ -88,7 +96,16 @@ def hub_errors(what: str) -> Iterator[None]:
             raise HubRateLimited(f"{what}: rate limited by the Hub; try again later") from None
         if status in (401, 403):
             raise HubUnauthorized(f"{what}: the credential is not allowed to do this") from None
+        if status in (400, 413, 422):
+            reason = getattr(e, "server_message", None) or "no reason given"
+            raise HubRejected(f"{what}: the Hub refused it (HTTP {status}: {reason})") from None
         raise HubUnavailable(f"{what}: the Hub answered HTTP {status}") from None
+    except RuntimeError as e:  # how the client reports a failed LFS upload, the cause inside
+        cause = e.__cause__
+        if cause is None or not isinstance(cause, (hf.HfHubHTTPError, *unreachable)):
+            raise
+        with hub_errors(f"{what}: {e}".rstrip(".")):
+            raise cause from None
     except unreachable as e:
         if is_disk_full(e):  # our disk, not the Hub: retrying would fail the same way
             where = getattr(e, "filename", None) or what

@@ -77,9 +77,9 @@ def _publish_once(
             dest.repo, dest.branch, str(head.sha), _commit_url(dest.repo, str(head.sha)), False
         )
     with hub_errors(where):
-        info = api.upload_folder(
+        info = api.create_commit(
             repo_id=dest.repo,
-            folder_path=out_dir,
+            operations=_additions(out_dir, digests),
             revision=dest.branch,
             commit_message=f"Layerswap merge job {job_id}",
             commit_description="Merged by Layerswap; see README.md and layerswap.json.",
@@ -89,6 +89,22 @@ def _publish_once(
     if not commit:
         raise HubError(f"{where}: the Hub did not return a commit id")
     return Published(dest.repo, dest.branch, commit, str(info.commit_url), True)
+
+
+def _additions(out_dir: Path, digests: dict[str, str]) -> list[Any]:
+    """One addition per file of `out_dir`. Each carries the sha256 the merge computed while
+    writing it, where known, so the client does not read a multi-GB file again to hash it
+    before the upload (an LFS upload is announced by its sha256). The Hub checks the bytes it
+    receives against it: an output changed since the merge fails to upload."""
+    from huggingface_hub import CommitOperationAdd
+
+    additions = []
+    for path in sorted(p for p in out_dir.iterdir() if p.is_file()):
+        addition = CommitOperationAdd(path_in_repo=path.name, path_or_fileobj=str(path))
+        if (digest := digests.get(path.name)) is not None:
+            addition.upload_info.sha256 = bytes.fromhex(digest)
+        additions.append(addition)
+    return additions
 
 
 def _holds(head: Any, out_dir: Path, digests: dict[str, str]) -> bool:
