@@ -15,6 +15,7 @@ import torch
 
 from tests.conftest import Family, Sharded
 from tests.reference import load, raw_tensors, read_header, sha256
+from worker.engine.errors import OutputError
 
 SWAP = {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1}
 TEXT = "Natalia sold clips to 48 of her friends. Habari ya asubuhi."
@@ -256,21 +257,16 @@ def test_model_card_states_method_inputs_and_layers(llama: Family, run_merge: An
     assert '"bottom"' in body and "layer swapping" in body
 
 
-@pytest.mark.parametrize(
-    ("copy_in_kernel", "hash_through_map"),
-    [(True, True), (False, False)],
-    ids=["copy_file_range-mapped_hash", "buffered-buffered_hash"],
-)
-def test_writer_copies_and_writes_land_at_their_offsets(
-    tmp_path: Path, copy_in_kernel: bool, hash_through_map: bool
-) -> None:
-    """Both copy and both hashing paths: ranges of a source file (one larger than a copy piece
-    and a hashing block, so both split it) and computed bytes, queued out of order, at offsets
-    that are not page-aligned, make exactly the planned file and its sha256."""
-    from worker.engine.writer import COPY_PIECE, OutputWriter
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "page_cache"])
+def test_writer_copies_and_writes_land_at_their_offsets(tmp_path: Path, direct: bool) -> None:
+    """Both write paths: ranges of a source file (one spanning several blocks, so blocks split
+    it) and computed bytes, handed over out of order, at offsets that are not page-aligned,
+    make exactly the planned file (its size not a multiple of O_DIRECT's unit either) and its
+    sha256."""
+    from worker.engine.writer import ALIGN, BLOCK, OutputWriter
 
     source = tmp_path / "source.bin"
-    source.write_bytes(os.urandom(COPY_PIECE + 4096))
+    source.write_bytes(os.urandom(2 * BLOCK + 4096))
     data = source.read_bytes()
     header = b"8-bytes!"
     computed = os.urandom(1000)
@@ -283,8 +279,7 @@ def test_writer_copies_and_writes_land_at_their_offsets(
             out,
             [("f.bin", header, len(expected))],
             durable=True,
-            copy_in_kernel=copy_in_kernel,
-            hash_through_map=hash_through_map,
+            direct=direct,
         )
         start = len(header) + len(computed)
         writer.put_copy(0, start + len(data) - 5, fd, 0, 5)
@@ -293,6 +288,53 @@ def test_writer_copies_and_writes_land_at_their_offsets(
         writer.finish()
     finally:
         os.close(fd)
+    assert len(expected) % ALIGN
     assert (out / "f.bin").read_bytes() == expected
     assert writer.digests == {"f.bin": hashlib.sha256(expected).hexdigest()}
     assert writer.tensors_written == 3
+
+
+def test_writer_assembles_more_files_than_it_has_lanes(tmp_path: Path) -> None:
+    """More files than files assembled at once, each with computed bytes that cross a block
+    boundary (handed over in two chunks) between copies: every file and sha256 is exact."""
+    from worker.engine.writer import BLOCK, LANES, OutputWriter
+
+    source = tmp_path / "source.bin"
+    source.write_bytes(os.urandom(4096))
+    data = source.read_bytes()
+    count = LANES + 2
+    computed = [os.urandom(BLOCK + 3) for _ in range(count)]
+    header = b"header!!"
+    expected = [header + data[:100] + c + data[100:] for c in computed]
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        writer = OutputWriter(out, [(f"{i}.bin", header, len(e)) for i, e in enumerate(expected)])
+        for i, chunk in enumerate(computed):
+            writer.put_copy(i, len(header), fd, 0, 100)
+            writer.put_copy(i, len(header) + 100 + len(chunk), fd, 100, len(data) - 100)
+        for i, chunk in enumerate(computed):
+            at = len(header) + 100
+            writer.put_bytes(i, at, memoryview(chunk)[: BLOCK // 2], ends_tensor=False)
+            writer.put_bytes(i, at + BLOCK // 2, memoryview(chunk)[BLOCK // 2 :], ends_tensor=True)
+        writer.finish()
+    finally:
+        os.close(fd)
+    for i, e in enumerate(expected):
+        assert (out / f"{i}.bin").read_bytes() == e
+    digests = {f"{i}.bin": hashlib.sha256(e).hexdigest() for i, e in enumerate(expected)}
+    assert writer.digests == digests
+    assert writer.tensors_written == 3 * count
+
+
+def test_writer_fails_clearly_when_a_range_is_never_handed_over(tmp_path: Path) -> None:
+    from worker.engine.writer import OutputWriter
+
+    out = tmp_path / "out"
+    out.mkdir()
+    writer = OutputWriter(out, [("f.bin", b"header!!", 8 + 10)])
+    writer.put_bytes(0, 8, memoryview(b"12345"), ends_tensor=True)  # bytes 13..17 missing
+    with pytest.raises(OutputError) as info:
+        writer.finish()
+    assert "f.bin: bytes at 13 never written" in info.value.message

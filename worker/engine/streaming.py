@@ -1,10 +1,11 @@
 """The producer: lays out the output files and feeds the writer.
 
-Copies are queued first, as file ranges (never decoded, no memory held); then computed tensors
-are produced chunk by chunk and written at their offsets while those copies proceed, so the
-disk and the arithmetic overlap (writer.py). Linear plans on the CPU compute in numpy
-(linear_kernels.py), TIES on the CPU in numba-compiled loops (ties_kernels.py); torch, seconds
-to import, is loaded only for the rest (CUDA, float64), once the copies are under way.
+Copies are handed over first, as file ranges (never decoded, no memory held), so the writer
+can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
+in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
+Linear plans on the CPU compute in numpy (linear_kernels.py), TIES on the CPU in
+numba-compiled loops (ties_kernels.py); torch, seconds to import, is loaded only for the rest
+(CUDA, float64), while the copies are written.
 Cancellation is checked between tensors and chunks; progress is reported between chunks and,
 while the last writes drain, every half second.
 """
@@ -87,18 +88,21 @@ def stream_shards(
         if should_cancel is not None and should_cancel():
             raise MergeCanceled("merge canceled; no output was left behind")
 
-    placed = [
-        (file, plan.tensors[index], offset)
-        for file, (shard, (_, offsets)) in enumerate(zip(plan.shards, layout, strict=True))
-        for index, offset in zip(shard.tensors, offsets, strict=True)
-    ]
+    placed = sorted(  # in file order: the writer assembles each file from its start
+        (
+            (file, offset, plan.tensors[index])
+            for file, (shard, (_, offsets)) in enumerate(zip(plan.shards, layout, strict=True))
+            for index, offset in zip(shard.tensors, offsets, strict=True)
+        ),
+        key=lambda placement: placement[:2],
+    )
     try:
         report()
-        for file, tensor, offset in placed:
+        for file, offset, tensor in placed:
             if tensor.op == "copy":
                 _queue_copy(plan, tensor, writer, file, offset)
         kernels = _kernels(plan, device, chunk_elements, check_cancel)
-        for file, tensor, offset in placed:
+        for file, offset, tensor in placed:
             if tensor.op != "copy":
                 check_cancel()
                 _write_computed(plan, tensor, writer, kernels, file, offset, check_cancel)

@@ -1,22 +1,29 @@
-"""Output files written out of order, hashed in order.
+"""Output files assembled in order, hashed from memory, written past the page cache.
 
 Every output file's header is known before a byte is written, so every tensor has a fixed
-offset. That lets copies and computed chunks land independently: copies are queued up front as
-file ranges (moved in the kernel by copy_file_range, as cp does), computed chunks are written at
-their offsets as they come, and the two interleave — the disk is busy while the arithmetic
-runs. Hashing threads (one per file at a time, several files side by side) follow behind,
-reading each file back in order from the page cache as soon as its next range is complete, so
-every sha256 is of the bytes actually written. They read through a memory map, a block at a
-time: hashing is the one serial pass over a big file, and a map saves it a copy.
+offset, and the producer can hand over its pieces in any order: copies up front, as ranges of
+input files (nothing read yet), computed chunks as they come. Per file, an assembling thread
+walks the file in order, filling block-sized buffers from those pieces (copies by one read of
+the input's page cache). Each full block goes at once to the file's hashing thread, so the
+sha256 is of the very bytes written, and to the writing threads, which write it with O_DIRECT:
+to the disk without a second copy into the page cache. On a small VM, filling the page cache
+with a multi-GB output cost more CPU than anything else in a merge (bench/README.md), and a
+durable output's fdatasync then only flushes what is already on its way.
 
-Memory is bounded: computed chunks in flight are capped at `max_buffered` bytes; hashing maps
-one block per thread, and copies where copy_file_range is refused use one block-sized buffer.
+Files are assembled side by side (one thread each, a few at a time), since each sha256 is
+inherently serial. A file system that refuses O_DIRECT gets the same blocks through the page
+cache, with writeback started as they go.
+
+Memory is bounded: computed chunks waiting for their turn are capped at `max_buffered` bytes,
+and blocks come from a small pool.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import functools
 import hashlib
 import mmap
 import os
@@ -30,27 +37,14 @@ from worker.engine import libc
 from worker.engine.errors import DiskFull, OutputError, is_disk_full
 
 BLOCK = 8 * 1024 * 1024
-COPY_PIECE = 64 * 1024 * 1024
-HASHING_THREADS = max(1, min(4, os.cpu_count() or 1))  # hashlib releases the GIL
-WRITEBACK_BYTES = 64 * 1024 * 1024
-# copy_file_range refused: across file systems (older kernels), unsupported, or not a regular file
-_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
-
-
-@dataclass
-class _File:
-    name: str
-    fd: int
-    size: int
-    done: dict[int, int] = field(default_factory=dict)  # written ranges: start -> end
-    hashed: int = 0
-    unflushed: int = 0  # bytes written since its writeback was last started
+ALIGN = 4096  # O_DIRECT's unit for offsets, lengths and buffer addresses (a 512-byte disk's too)
+LANES = max(1, min(4, os.cpu_count() or 1))  # files assembled and hashed side by side
+WRITING_THREADS = 2  # two writes in flight keep the disk busy between them
+WRITEBACK_BYTES = 64 * 1024 * 1024  # without O_DIRECT: start writeback this often
 
 
 @dataclass(frozen=True)
 class _Copy:
-    file: int
-    offset: int
     src: int
     src_offset: int
     length: int
@@ -59,10 +53,32 @@ class _Copy:
 
 @dataclass(frozen=True)
 class _Bytes:
-    file: int
-    offset: int
     data: memoryview
     ends_tensor: bool
+    buffered: bool = True  # counted against max_buffered (the header is not)
+
+
+@dataclass
+class _Block:
+    file: _File
+    offset: int
+    buffer: mmap.mmap
+    length: int
+    users: int = 2  # the hashing thread and a writing thread
+
+
+@dataclass
+class _File:
+    name: str
+    fd: int
+    size: int
+    direct: bool
+    pieces: dict[int, _Copy | _Bytes] = field(default_factory=dict)  # by output offset
+    sha: hashlib._Hash = field(default_factory=hashlib.sha256)
+    to_hash: deque[_Block] = field(default_factory=deque)
+    blocks_out: int = 0  # assembled, not yet both hashed and written
+    assembled: bool = False
+    unflushed: int = 0
 
 
 class OutputWriter:
@@ -73,37 +89,31 @@ class OutputWriter:
         *,
         durable: bool = True,
         max_buffered: int = 32 * 1024 * 1024,
-        copy_in_kernel: bool = True,
-        hash_through_map: bool = True,
+        direct: bool = True,
     ) -> None:
-        """`files`: (name, header, total size) of each output file, in hashing order.
-        `copy_in_kernel=False` copies through a user-space buffer, as it does anyway once the
-        file system refuses copy_file_range; `hash_through_map=False` hashes what it reads into
-        a buffer, as it does anyway once the file system refuses a memory map."""
+        """`files`: (name, header, total size) of each output file. `direct=False` writes
+        through the page cache, as it does anyway where the file system refuses O_DIRECT."""
         self.durable = durable
         self.bytes_written = 0
         self.tensors_written = 0
         self.digests: dict[str, str] = {}
         self._files: list[_File] = []
-        self._copies: deque[_Copy] = deque()
-        self._chunks: deque[_Bytes] = deque()
         self._buffered = 0
         self._max_buffered = max_buffered
         self._closed = False
-        self._writer_done = False
         self._error: BaseException | None = None
         self._state = threading.Condition()
-        self._copy_in_kernel = copy_in_kernel  # until the file system refuses
-        self._hash_through_map = hash_through_map  # likewise
-        self._copy_buffer = bytearray(BLOCK)
-        self._next_to_hash = 0  # index of the next file a hashing thread takes
+        self._next_file = 0  # index of the next file an assembling thread takes
+        self._lanes_running = min(len(files), LANES)
+        self._to_write: deque[_Block] = deque()
+        self._free: list[mmap.mmap] = []
+        self._blocks_made = 0
+        self._max_blocks = 3 * self._lanes_running + WRITING_THREADS
         try:
             for name, header, size in files:
-                fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                self._files.append(_File(name, fd, size))
-                _pwrite_all(fd, memoryview(header), 0)
-                self._files[-1].done[0] = len(header)
-                self.bytes_written += len(header)
+                fd, is_direct = _create(directory / name, direct)
+                self._files.append(_File(name, fd, size, is_direct))
+                self._files[-1].pieces[0] = _Bytes(memoryview(header), False, buffered=False)
         except BaseException as e:
             self._close()  # no descriptor outlives a writer that failed to start
             if isinstance(e, OSError):
@@ -111,39 +121,39 @@ class OutputWriter:
                     raise DiskFull.at(directory, "the output's shard headers") from None
                 raise OutputError(f"cannot create the output files in {directory}: {e}") from None
             raise
-        hashers = min(len(files), HASHING_THREADS)
         self._threads = [
-            threading.Thread(target=self._guard, args=(self._write_loop,), daemon=True),
-            *(
-                threading.Thread(target=self._guard, args=(self._hash_loop,), daemon=True)
-                for _ in range(hashers)
-            ),
+            *(self._start(self._assemble_loop) for _ in range(self._lanes_running)),
+            *(self._start(self._write_loop) for _ in range(WRITING_THREADS)),
         ]
-        for thread in self._threads:
-            thread.start()
+
+    def _start(self, loop: Callable[[], None]) -> threading.Thread:
+        thread = threading.Thread(target=self._guard, args=(loop,), daemon=True)
+        thread.start()
+        return thread
 
     # -- producer side -------------------------------------------------------------------
     def put_copy(self, file: int, offset: int, src: int, src_offset: int, length: int) -> None:
-        """Queue a file-to-file copy of `length` bytes to `offset` of output `file`."""
+        """Have `length` bytes of file descriptor `src` at `src_offset` land at `offset`."""
         with self._state:
             self._raise_if_failed()
-            for start in range(0, length, COPY_PIECE):
-                piece = min(COPY_PIECE, length - start)
-                last = start + piece >= length
-                self._copies.append(
-                    _Copy(file, offset + start, src, src_offset + start, piece, last)
-                )
+            if length:
+                self._files[file].pieces[offset] = _Copy(src, src_offset, length, True)
+            else:
+                self.tensors_written += 1
             self._state.notify_all()
 
     def put_bytes(self, file: int, offset: int, data: memoryview, *, ends_tensor: bool) -> None:
-        """Queue computed bytes; blocks while too many are waiting to be written."""
+        """Hand over computed bytes; blocks while too many are waiting for their turn."""
         with self._state:
             self._state.wait_for(
                 lambda: self._error is not None or self._buffered < self._max_buffered
             )
             self._raise_if_failed()
-            self._chunks.append(_Bytes(file, offset, data, ends_tensor))
-            self._buffered += len(data)
+            if len(data):
+                self._files[file].pieces[offset] = _Bytes(data, ends_tensor)
+                self._buffered += len(data)
+            else:
+                self.tensors_written += ends_tensor
             self._state.notify_all()
 
     def finish(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> None:
@@ -191,124 +201,198 @@ class OutputWriter:
                     self._error = e
                 self._state.notify_all()
 
-    def _next_item(self) -> _Copy | _Bytes | None:
-        """Computed chunks first (they hold memory and unblock the producer), then copies."""
+    def _assemble_loop(self) -> None:
+        """Take the next file not yet taken and assemble it, until none is left."""
+        try:
+            while True:
+                with self._state:
+                    if self._next_file >= len(self._files) or self._error is not None:
+                        return
+                    out = self._files[self._next_file]
+                    self._next_file += 1
+                if not self._assemble_file(out):
+                    return
+        finally:
+            with self._state:
+                self._lanes_running -= 1
+                self._state.notify_all()
+
+    def _assemble_file(self, out: _File) -> bool:
+        """Assemble the file block by block, in order, while a thread of its own hashes the
+        blocks; then make it durable and record its digest. False on an error."""
+        hashing = self._start(functools.partial(self._hash_loop, out))
+        try:
+            for offset in range(0, out.size, BLOCK):
+                if not self._assemble(out, offset, min(BLOCK, out.size - offset)):
+                    return False
+        finally:
+            with self._state:
+                out.assembled = True
+                self._state.notify_all()
+            hashing.join()
+        with self._state:
+            self._state.wait_for(lambda: self._error is not None or not out.blocks_out)
+            if self._error is not None:
+                return False
+        os.ftruncate(out.fd, out.size)  # an O_DIRECT last block was written padded
+        if self.durable:
+            os.fdatasync(out.fd)
+        self.digests[out.name] = out.sha.hexdigest()
+        return True
+
+    def _assemble(self, out: _File, offset: int, length: int) -> bool:
+        """Fill a block with the file's bytes at `offset` and queue it; False on an error."""
+        buffer = self._take_buffer()
+        if buffer is None:
+            return False
+        view = memoryview(buffer)
+        filled = 0
+        while filled < length:
+            at = offset + filled
+            piece = self._piece_at(out, at)
+            if piece is None:
+                return False
+            n = min(length - filled, piece.length if isinstance(piece, _Copy) else len(piece.data))
+            if isinstance(piece, _Copy):
+                _read_all(piece.src, view[filled : filled + n], piece.src_offset)
+                rest: _Copy | _Bytes | None = (
+                    _Copy(piece.src, piece.src_offset + n, piece.length - n, piece.ends_tensor)
+                    if n < piece.length else None
+                )  # fmt: skip
+            else:
+                view[filled : filled + n] = piece.data[:n]
+                rest = (
+                    _Bytes(piece.data[n:], piece.ends_tensor, piece.buffered)
+                    if n < len(piece.data) else None
+                )  # fmt: skip
+            filled += n
+            with self._state:
+                if rest is not None:
+                    out.pieces[at + n] = rest
+                else:
+                    self.tensors_written += piece.ends_tensor
+                if isinstance(piece, _Bytes) and piece.buffered:
+                    self._buffered -= n
+                    self._state.notify_all()
+        block = _Block(out, offset, buffer, length)
+        with self._state:
+            out.blocks_out += 1
+            out.to_hash.append(block)
+            self._to_write.append(block)
+            self._state.notify_all()
+        return True
+
+    def _piece_at(self, out: _File, offset: int) -> _Copy | _Bytes | None:
+        """Wait for the piece of `out` that starts at `offset`; None on an error."""
         with self._state:
             self._state.wait_for(
-                lambda: self._error is not None or self._chunks or self._copies or self._closed
+                lambda: self._error is not None or offset in out.pieces or self._closed
+            )
+            if self._error is None and offset not in out.pieces:
+                self._error = OutputError(f"{out.name}: bytes at {offset} never written")
+            if self._error is not None:
+                return None
+            return out.pieces.pop(offset)
+
+    def _take_buffer(self) -> mmap.mmap | None:
+        """A free block (page-aligned, as O_DIRECT needs), made on first use up to the pool's
+        size; None on an error."""
+        with self._state:
+            self._state.wait_for(
+                lambda: (
+                    self._error is not None
+                    or bool(self._free)
+                    or self._blocks_made < self._max_blocks
+                )
             )
             if self._error is not None:
                 return None
-            if self._chunks:
-                return self._chunks.popleft()
-            if self._copies:
-                return self._copies.popleft()
-            return None
+            if self._free:
+                return self._free.pop()
+            self._blocks_made += 1
+        return mmap.mmap(-1, BLOCK)
 
-    def _write_loop(self) -> None:
-        try:
-            self._write_items()
-        finally:
-            with self._state:
-                self._writer_done = True
-                self._state.notify_all()
-
-    def _write_items(self) -> None:
-        while (item := self._next_item()) is not None:
-            out = self._files[item.file]
-            if isinstance(item, _Bytes):
-                _pwrite_all(out.fd, item.data, item.offset)
-                length = len(item.data)
-            else:
-                self._copy(item, out.fd)
-                length = item.length
-            if self.durable:
-                out.unflushed += length
-                if out.unflushed >= WRITEBACK_BYTES:
-                    start_writeback(out.fd)
-                    out.unflushed = 0
-            with self._state:
-                if isinstance(item, _Bytes):
-                    self._buffered -= length
-                if length:
-                    out.done[item.offset] = item.offset + length
-                self.bytes_written += length
-                self.tensors_written += item.ends_tensor
-                self._state.notify_all()
-        if self.durable and self._error is None:
-            for out in self._files:
-                os.fdatasync(out.fd)
-
-    def _copy(self, item: _Copy, fd: int) -> None:
-        """In the kernel (copy_file_range, as cp does: no user-space copy) where the file
-        system allows it, else through a reused user-space buffer."""
-        src_offset, offset, length = item.src_offset, item.offset, item.length
-        while length and self._copy_in_kernel:
-            try:
-                n = os.copy_file_range(item.src, fd, length, src_offset, offset)
-            except OSError as e:
-                if e.errno not in _NO_COPY_RANGE:
-                    raise
-                self._copy_in_kernel = False
-                break
-            if n == 0:
-                raise OutputError("input ended while copying (file truncated?)")
-            src_offset, offset, length = src_offset + n, offset + n, length - n
-        view = memoryview(self._copy_buffer)
-        while length:
-            n = os.preadv(item.src, [view[: min(BLOCK, length)]], src_offset)
-            if n == 0:
-                raise OutputError("input ended while copying (file truncated?)")
-            _pwrite_all(fd, view[:n], offset)
-            src_offset, offset, length = src_offset + n, offset + n, length - n
-
-    def _hash_loop(self) -> None:
-        """Hash whole files, taking the next one not yet taken: the files' sha256s, each
-        inherently serial, are computed side by side."""
-        buffer: bytearray | None = None  # made if the file system refuses memory maps
+    def _hash_loop(self, out: _File) -> None:
         while True:
             with self._state:
-                if self._next_to_hash >= len(self._files):
+                self._state.wait_for(
+                    lambda: self._error is not None or bool(out.to_hash) or out.assembled
+                )
+                if self._error is not None or not out.to_hash:
                     return
-                out = self._files[self._next_to_hash]
-                self._next_to_hash += 1
-            sha = hashlib.sha256()
-            while out.hashed < out.size:
-                end = self._next_range(out)
-                if end is None:
-                    return
-                while out.hashed < end and self._hash_through_map:
-                    try:
-                        out.hashed = _hash_mapped(sha, out.fd, out.hashed, end)
-                    except OSError:  # e.g. ENODEV: a file system that cannot map files
-                        self._hash_through_map = False
-                while out.hashed < end:
-                    buffer = buffer or bytearray(BLOCK)
-                    view = memoryview(buffer)[: min(BLOCK, end - out.hashed)]
-                    n = os.preadv(out.fd, [view], out.hashed)
-                    if n == 0:
-                        raise OutputError(f"{out.name} is shorter than what was written")
-                    sha.update(view[:n])
-                    out.hashed += n
-            self.digests[out.name] = sha.hexdigest()
+                block = out.to_hash.popleft()
+            with memoryview(block.buffer) as view:
+                out.sha.update(view[: block.length])
+            self._done_with(block)
 
-    def _next_range(self, out: _File) -> int | None:
-        """Wait until the range starting where hashing stopped is written; return its end."""
+    def _write_loop(self) -> None:
+        while True:
+            with self._state:
+                self._state.wait_for(
+                    lambda: (
+                        self._error is not None or bool(self._to_write) or not self._lanes_running
+                    )
+                )
+                if self._error is not None or not self._to_write:
+                    return
+                block = self._to_write.popleft()
+            self._write(block)
+            with self._state:
+                self.bytes_written += block.length
+            self._done_with(block)
+
+    def _write(self, block: _Block) -> None:
+        out, view = block.file, memoryview(block.buffer)
+        if out.direct:
+            padded = -(-block.length // ALIGN) * ALIGN
+            view[block.length : padded] = bytes(padded - block.length)
+            try:
+                _pwrite_all(out.fd, view[:padded], block.offset)
+                return
+            except OSError as e:  # alignment stricter than ours: go through the page cache
+                if e.errno != errno.EINVAL:
+                    raise
+                with self._state:
+                    if out.direct:
+                        flags = fcntl.fcntl(out.fd, fcntl.F_GETFL)
+                        fcntl.fcntl(out.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+                        out.direct = False
+        _pwrite_all(out.fd, view[: block.length], block.offset)
+        if self.durable:
+            with self._state:
+                out.unflushed += block.length
+                flush = out.unflushed >= WRITEBACK_BYTES
+                if flush:
+                    out.unflushed = 0
+            if flush:
+                start_writeback(out.fd)
+
+    def _done_with(self, block: _Block) -> None:
         with self._state:
-            self._state.wait_for(
-                lambda: self._error is not None or out.hashed in out.done or self._writer_done
-            )
-            if self._error is not None or out.hashed not in out.done:
-                if self._error is None:
-                    self._error = OutputError(f"{out.name}: bytes at {out.hashed} never written")
-                return None
-            return out.done.pop(out.hashed)
+            block.users -= 1
+            if not block.users:
+                self._free.append(block.buffer)
+                block.file.blocks_out -= 1
+                self._state.notify_all()
 
     def _close(self) -> None:
         for out in self._files:
             if out.fd >= 0:
                 os.close(out.fd)
                 out.fd = -1
+        self._free.clear()
+
+
+def _create(path: Path, direct: bool) -> tuple[int, bool]:
+    """Create the file for writing, with O_DIRECT where asked and the file system allows it."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+    if direct:
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o644), True
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+    return os.open(path, flags, 0o644), False
 
 
 _SYNC_FILE_RANGE = libc.function(
@@ -319,25 +403,17 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 def start_writeback(fd: int) -> None:
     """Have the kernel start writing the file's dirty pages now (without waiting for them), so
-    that the final fdatasync of a durable output finds little left to write: the disk works
-    while the merge goes on instead of after it. Best effort."""
+    that the final fdatasync of a durable output finds little left to write. Best effort."""
     if _SYNC_FILE_RANGE is not None:
         _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
-def _hash_mapped(sha: hashlib._Hash, fd: int, start: int, end: int) -> int:
-    """Hash up to a block of the file from `start` (before `end`) through a memory map of the
-    page cache, saving the copy into a buffer that a read makes (a tenth of the hashing
-    thread's time); return where it stopped. Only bytes already written are mapped, and the
-    file is ours, so no access can fall beyond its end."""
-    base = start - start % mmap.ALLOCATIONGRANULARITY
-    stop = min(end, base + BLOCK)
-    with (
-        mmap.mmap(fd, stop - base, prot=mmap.PROT_READ, offset=base) as window,
-        memoryview(window) as view,
-    ):
-        sha.update(view[start - base :])
-    return stop
+def _read_all(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise OutputError("input ended while copying (file truncated?)")
+        view, offset = view[n:], offset + n
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
