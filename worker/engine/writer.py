@@ -113,7 +113,8 @@ class OutputWriter:
             for name, header, size in files:
                 fd, is_direct = _create(directory / name, direct)
                 self._files.append(_File(name, fd, size, is_direct))
-                self._files[-1].pieces[0] = _Bytes(memoryview(header), False, buffered=False)
+                if header:
+                    self._files[-1].pieces[0] = _Bytes(memoryview(header), False, buffered=False)
         except BaseException as e:
             self._close()  # no descriptor outlives a writer that failed to start
             if isinstance(e, OSError):
