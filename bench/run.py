@@ -12,11 +12,11 @@ For one preset made by make_checkpoints.py, every case below is run under `/usr/
 
 Every input is hashed into layerswap's warm sha256 cache first, untimed. Each case gets
 `--warmup` untimed runs (they fill the page cache), then `--reps` timed runs, round-robin over
-the cases so that background load drifts over all of them alike. Before every run the output directory is removed (and `sync` run) and the
-run's inputs are read into the page cache. Results: bench/results/<preset>.json and
-bench/results/<preset>.md. With --verify (the default) the last
-outputs of the two tools are compared tensor by tensor, and layer swap and soup are also checked
-against a reference computed from the inputs.
+the cases so that background load drifts over all of them alike. Before every run the output
+directory is removed (and `sync` run) and the run's inputs are read into the page cache.
+Results: bench/results/<preset>.json and bench/results/<preset>.md. With --verify (the
+default) the last outputs of the two tools are compared tensor by tensor, and layer swap and
+soup are also checked against a reference computed from the inputs.
 
     .venv/bin/python bench/run.py --preset small
 """
