@@ -1,13 +1,14 @@
 """Output files assembled in order, hashed from memory, written past the page cache.
 
 Every output file's header is known before a byte is written, so every tensor has a fixed
-offset, and the producer can hand over its pieces in any order: copies up front, as ranges of
-input files (nothing read yet), computed chunks as they come. Per file, an assembling thread
+offset, and the producer can hand over its pieces out of order: copies up front, as ranges of
+input files (nothing read yet), computed chunks as they come — those in file order, since
+chunks waiting beyond the cap below stall the producer. Per file, an assembling thread
 walks the file in order, filling block-sized buffers from those pieces (copies by one read of
 the input's page cache). Each full block goes at once to the file's hashing thread, so the
 sha256 is of the very bytes written, and to the writing threads, which write it with O_DIRECT:
 to the disk without a second copy into the page cache. On a small VM, filling the page cache
-with a multi-GB output cost more CPU than anything else in a merge (bench/README.md), and a
+with a multi-GB output cost more CPU than anything else in a merge (README, Benchmarks), and a
 durable output's fdatasync then only flushes what is already on its way.
 
 Files are assembled side by side (one thread each, a few at a time), since each sha256 is
