@@ -90,7 +90,7 @@ def test_job_runs_on_a_worker_with_progress_visible(
     job = cluster.service.submit(ties(big_family, name="merged"))
     assert job["status"] == "queued"
 
-    seen = cluster.wait_until(job["id"], mid_merge())
+    seen = cluster.wait_until(job["id"], mid_merge(fraction=0.01))  # bytes on disk, shown
     assert 0 < seen["progress"]["bytes_done"] < seen["progress"]["bytes_total"]
     assert seen["attempts"] == 1
 
