@@ -79,7 +79,7 @@ class _File:
     to_hash: deque[_Block] = field(default_factory=deque)
     blocks_out: int = 0  # assembled, not yet both hashed and written
     assembled: bool = False
-    unflushed: int = 0
+    unflushed: int = 0  # through the page cache: bytes written since writeback was started
 
 
 class OutputWriter:
@@ -120,7 +120,7 @@ class OutputWriter:
             self._close()  # no descriptor outlives a writer that failed to start
             if isinstance(e, OSError):
                 if is_disk_full(e):
-                    raise DiskFull.at(directory, "the output's shard headers") from None
+                    raise DiskFull.at(directory, "the output files") from None
                 raise OutputError(f"cannot create the output files in {directory}: {e}") from None
             raise
         self._threads = [
