@@ -80,6 +80,13 @@ def finished(job: dict[str, Any]) -> bool:
     return job["status"] in ("succeeded", "failed", "canceled")
 
 
+def mid_merge_or_finished(fraction: float) -> Any:
+    """Running with at least `fraction` of the bytes written, or already finished: the last
+    8 MB blocks of a merge can land between two polls."""
+    running = mid_merge(fraction, before=1.0)
+    return lambda job: finished(job) or running(job)
+
+
 # --- the happy path and the message ------------------------------------------------------
 
 
@@ -217,13 +224,14 @@ def test_sigkilled_workers_leave_every_job_succeeded_exactly_once(
     interrupted: list[str] = []
     submitted: list[str] = []
     while len(interrupted) < 5:
-        assert len(submitted) < 10, f"kills kept missing the merges (seed {seed})"
+        assert len(submitted) < 20, f"kills kept missing the merges (seed {seed})"
         job = cluster.service.submit(ties(big_family, name=f"kill-{len(submitted)}"))
         submitted.append(job["id"])
-        cluster.wait_until(job["id"], mid_merge(rng.uniform(0.0, 0.9), before=1.0))
-        time.sleep(rng.uniform(0.0, 0.3))  # the kill's timing is random, not tied to a write
-        worker.kill()
-        worker = cluster.start_worker()
+        seen = cluster.wait_until(job["id"], mid_merge_or_finished(rng.uniform(0.0, 0.9)))
+        if not finished(seen):  # else its last writes outran the polls: this kill is missed
+            time.sleep(rng.uniform(0.0, 0.3))  # the kill's timing is random, not tied to a write
+            worker.kill()
+            worker = cluster.start_worker()
         done = cluster.wait_until(job["id"], finished)
         assert done["status"] == "succeeded", (seed, done)
         if done["attempts"] >= 2:
