@@ -49,7 +49,7 @@ class _Copy:
     src: int
     src_offset: int
     length: int
-    ends_tensor: bool
+    ends_tensor = True  # a copy is always one whole tensor (what is left of it, once split)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class _Bytes:
     data: memoryview
     ends_tensor: bool
     buffered: bool = True  # counted against max_buffered (the header is not)
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
 
 
 @dataclass
@@ -139,7 +143,7 @@ class OutputWriter:
         with self._state:
             self._raise_if_failed()
             if length:
-                self._files[file].pieces[offset] = _Copy(src, src_offset, length, True)
+                self._files[file].pieces[offset] = _Copy(src, src_offset, length)
             else:
                 self.tensors_written += 1
             self._state.notify_all()
@@ -254,19 +258,16 @@ class OutputWriter:
             piece = self._piece_at(out, at)
             if piece is None:
                 return False
-            n = min(length - filled, piece.length if isinstance(piece, _Copy) else len(piece.data))
+            n = min(length - filled, piece.length)
+            rest: _Copy | _Bytes | None = None  # what a block boundary leaves of the piece
             if isinstance(piece, _Copy):
                 _read_all(piece.src, view[filled : filled + n], piece.src_offset)
-                rest: _Copy | _Bytes | None = (
-                    _Copy(piece.src, piece.src_offset + n, piece.length - n, piece.ends_tensor)
-                    if n < piece.length else None
-                )  # fmt: skip
+                if n < piece.length:
+                    rest = _Copy(piece.src, piece.src_offset + n, piece.length - n)
             else:
                 view[filled : filled + n] = piece.data[:n]
-                rest = (
-                    _Bytes(piece.data[n:], piece.ends_tensor, piece.buffered)
-                    if n < len(piece.data) else None
-                )  # fmt: skip
+                if n < piece.length:
+                    rest = _Bytes(piece.data[n:], piece.ends_tensor, piece.buffered)
             filled += n
             with self._state:
                 if rest is not None:
