@@ -10,10 +10,10 @@ import ipaddress
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -110,7 +110,9 @@ class Settings(BaseSettings):
         description="JSON list of CIDRs webhooks may reach although not public, e.g. "
         '["10.20.0.0/16"] (default: public addresses only)',
     )
-    webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="one webhook attempt")
+    webhook_timeout_s: float = Field(
+        10.0, gt=0, le=60, description="one webhook attempt, all of it: connect, send, the answer"
+    )
     webhook_retry_base_s: float = Field(
         5.0, gt=0, description="first retry delay; each next one is 3× (jittered, at most 12 h)"
     )
@@ -119,6 +121,27 @@ class Settings(BaseSettings):
     )
     webhook_interval_s: float = Field(
         1.0, gt=0, description="how often each API process looks for webhooks due"
+    )
+    webhook_max_endpoints: int = Field(
+        50, ge=1, description="webhook endpoints a tenant may have at once"
+    )
+    webhook_concurrency: int = Field(
+        32, ge=1, description="webhook attempts in flight at once, per API process"
+    )
+    webhook_tenant_concurrency: int = Field(
+        4, ge=1, description="of those, at most this many for one tenant (the rest wait)"
+    )
+    webhook_secret_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Fernet keys that encrypt webhook signing secrets at rest, newest first "
+        "(JSON list or comma-separated); the first encrypts, all decrypt. Default: a key the "
+        "service makes in <data_dir>/webhook-secrets.key",
+    )
+    webhook_secret_overlap_s: float = Field(
+        24 * 3600.0,
+        ge=0,
+        le=7 * 24 * 3600.0,
+        description="after a secret rotation, the old secret also signs for this long",
     )
 
     openlineage_url: str | None = Field(
@@ -143,6 +166,14 @@ class Settings(BaseSettings):
                 ipaddress.ip_network(network, strict=False)
             except ValueError:
                 raise ValueError(f"not a network: {network!r} (e.g. 10.0.0.0/8)") from None
+        return value
+
+    @field_validator("webhook_secret_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
         return value
 
     @field_validator("hub_credentials", mode="before")
