@@ -242,6 +242,7 @@ def analyze(
         expert_ckpts = opened[1:]
         labelled = [(label, c) for (label, _), c in zip(experts, expert_ckpts, strict=True)]
         check_same_tensors(base_ckpt, labelled)
+        base_ckpt.require_layers("delta analysis")  # its matrices are per layer
         stats = _scan(base_ckpt, expert_ckpts, chunk_elements)
         layers = base_ckpt.num_layers
     finally:

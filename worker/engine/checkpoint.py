@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,22 @@ TOKENIZER_FILES = (
 EXTRA_CONFIG_FILES = ("generation_config.json",)
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_NUMBER_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
+LAYER_NAME_FORM = "…layers.<n>.…"
+SHOWN_PATTERNS = 5
 
 
 def layer_index(tensor_name: str) -> int | None:
     """Transformer layer of a tensor from its name (`model.layers.7.mlp...` -> 7), else None."""
     match = _LAYER_RE.search(tensor_name)
     return int(match.group(1)) if match else None
+
+
+def name_patterns(names: Iterable[str], limit: int = SHOWN_PATTERNS) -> list[str]:
+    """A few distinct tensor-name shapes (`transformer.h.<n>.mlp.weight`), numbered ones first:
+    a numbered stack that is not recognised as layers is what a reader needs to see."""
+    patterns = {_NUMBER_RE.sub("<n>", name) for name in names}
+    return sorted(patterns, key=lambda p: ("<n>" not in p, p))[:limit]
 
 
 @dataclass
@@ -100,18 +112,39 @@ class Checkpoint:
 
     @property
     def model_type(self) -> str:
-        return str(self.config.get("model_type", "unknown"))
+        value = self.config.get("model_type")
+        return value[:80] if isinstance(value, str) else "unknown"
 
     def check_layers(self) -> None:
         """The layer indices in tensor names must be exactly 0..num_hidden_layers-1."""
         found = {i for name in self.tensors if (i := layer_index(name)) is not None}
         expected = set(range(self.num_layers))
         if found and found != expected:
+            missing = sorted(expected - found)
             raise CheckpointError.at(
                 self.path,
                 f"config says {self.num_layers} layers but tensors name layers "
-                f"{min(found)}..{max(found)} ({len(found)} distinct)",
+                f"{min(found)}..{max(found)} ({len(found)} distinct"
+                + (f"; missing {_listed(missing)})" if missing else ")"),
             )
+
+    def require_layers(self, purpose: str) -> None:
+        """Refuse unless tensor names show the layer stack (`…layers.<n>.…`).
+
+        For what treats layers differently from the rest (a layer swap, per-layer analysis):
+        an unrecognised naming scheme would otherwise make every layer a non-layer tensor and
+        give a wrong result without an error. Open() already made sure that recognised
+        indices are exactly 0..num_hidden_layers-1.
+        """
+        if any(layer_index(name) is not None for name in self.tensors):
+            return
+        raise CheckpointError.at(
+            self.path,
+            f"{purpose} needs the transformer layers, but no tensor name has the form "
+            f"{LAYER_NAME_FORM} (model_type {self.model_type!r} names its tensors "
+            f"{', '.join(name_patterns(self.tensors))}, …); this architecture is not "
+            "supported for it",
+        )
 
     def fd(self, file: Path) -> int:
         """A cached read-only descriptor for one of this checkpoint's weight files."""
@@ -137,17 +170,26 @@ class Checkpoint:
         self._fds.clear()
 
 
+def _listed(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
+
+
 def _read_json(path: Path) -> Any:
     try:
-        if (size := path.stat().st_size) > MAX_JSON_BYTES:
-            raise CheckpointError.at(path, f"{size} bytes; at most {MAX_JSON_BYTES}")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block the read forever
+            raise CheckpointError.at(path, "not a regular file")
+        if info.st_size > MAX_JSON_BYTES:
+            raise CheckpointError.at(path, f"{info.st_size} bytes; at most {MAX_JSON_BYTES}")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError.at(path, "missing") from None
     except RecursionError:
         raise CheckpointError.at(path, "JSON nested too deeply") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError.at(path, f"not valid JSON ({e})") from None
+    # ValueError covers bad JSON, bad UTF-8 and integers too long for Python to convert.
+    except (OSError, ValueError) as e:
+        raise CheckpointError.at(path, f"not valid JSON ({str(e)[:200]})") from None
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
