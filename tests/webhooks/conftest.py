@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from service import jobs
+from service.db.session import Database
+from service.webhooks.outbox import emit
 from tests.evaluation.conftest import math_expert
 from tests.service.conftest import Service, database_url, running_service
 from tests.webhooks.receiver import Receiver
@@ -42,3 +46,16 @@ def subscribe(service: Service, receiver: Receiver, **body: Any) -> dict[str, An
     created = dict(response.json())
     receiver.secrets.append(created["secret"])
     return created
+
+
+def announce(db: Database, tenant: str, one_off_url: str | None = None) -> str:
+    """A job of `tenant` ends: its event is written to the outbox, in one transaction, as a
+    merge's end writes it (without running a merge). Returns the job id the event names."""
+    jobs.ensure_tenant(db, tenant)
+    job_id = uuid.uuid4().hex
+    data = {"id": job_id, "object": "merge", "status": "succeeded",
+            "links": {"self": f"/v1/merges/{job_id}"}}  # fmt: skip
+    with db.session() as session:
+        emit(session, tenant=tenant, type_="merge.succeeded", subject_id=job_id, data=data,
+             one_off_url=one_off_url)  # fmt: skip
+    return job_id
