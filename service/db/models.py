@@ -43,8 +43,9 @@ class Tenant(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    # Signs one-off webhooks (a merge's own `webhook` URL); made on first use.
-    webhook_secret: Mapped[str | None] = mapped_column(String(100))
+    # Signs one-off webhooks (a merge's own `webhook` URL); made on first use. Encrypted
+    # (service/webhooks/encryption.py).
+    webhook_secret: Mapped[str | None] = mapped_column(Text)
 
 
 class ApiKey(Base):
@@ -206,13 +207,21 @@ class WebhookEndpoint(Base):
     """A tenant's subscription: events of these types are POSTed, signed, to `url`."""
 
     __tablename__ = "webhook_endpoints"
+    # a tenant's page of endpoints, in order (migration 0008)
+    __table_args__ = (
+        Index("ix_webhook_endpoints_tenant_created", "tenant_id", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     url: Mapped[str] = mapped_column(Text)
     events: Mapped[list[Any]] = mapped_column(JSON)
     description: Mapped[str] = mapped_column(String(500), default="")
-    secret: Mapped[str] = mapped_column(String(100))  # whsec_...; needed to sign, shown once
+    # whsec_..., encrypted (service/webhooks/encryption.py); needed to sign, shown once.
+    secret: Mapped[str] = mapped_column(Text)
+    # The secret before the last rotation, encrypted; it also signs until previous_secret_until.
+    previous_secret: Mapped[str | None] = mapped_column(Text)
+    previous_secret_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     disabled_reason: Mapped[str | None] = mapped_column(Text)
