@@ -236,8 +236,6 @@ def _comparable(score: EvaluationScore) -> tuple[Any, ...]:
 def comparison(db: Database, settings: Settings, merge: Job) -> list[dict[str, Any]]:
     """Each score of the merge's output beside the same score of each of its inputs, with the
     difference and a paired (McNemar) test on the documents both were scored on."""
-    from worker.evaluation.compare import paired
-
     if merge.output_artifact_id is None:
         return []
     with db.session() as session:
@@ -258,26 +256,36 @@ def comparison(db: Database, settings: Settings, merge: Job) -> list[dict[str, A
     rows = []
     for score in ours:
         row: dict[str, Any] = {**score_dict(score), "inputs": []}
-        mine = _correct(settings, score)
+        mine = _outcomes(settings, score)
         for artifact_id, role, label in inputs:
             other = theirs[artifact_id].get(_comparable(score))
-            if other is None:
-                continue
-            test = paired(mine, _correct(settings, other)) if mine else None
-            row["inputs"].append(
-                {
-                    "artifact_id": artifact_id,
-                    "role": role,
-                    "label": label,
-                    "value": other.value,
-                    "stderr": other.stderr,
-                    "difference": score.value - other.value,
-                    "paired_test": test.to_dict() if test else None,
-                    "verdict": _verdict(test),
-                }
-            )
+            if other is not None:
+                entry = {"artifact_id": artifact_id, "role": role, "label": label}
+                row["inputs"].append({**entry, **_beside(settings, score, mine, other)})
         rows.append(row)
     return rows
+
+
+def _beside(
+    settings: Settings, score: EvaluationScore, mine: dict[Any, bool] | None, other: EvaluationScore
+) -> dict[str, Any]:
+    """An input's score beside the merge's: the difference, and the paired test where both
+    have right/wrong per document by the score's metric."""
+    from worker.evaluation.compare import paired
+
+    theirs = _outcomes(settings, other)
+    test = paired(mine, theirs) if mine and theirs else None
+    if mine is None or theirs is None:
+        verdict = f"no paired test: the per-sample records say no right/wrong by {score.metric}"
+    else:
+        verdict = _verdict(test)
+    return {
+        "value": other.value,
+        "stderr": other.stderr,
+        "difference": score.value - other.value,
+        "paired_test": test.to_dict() if test else None,
+        "verdict": verdict,
+    }
 
 
 def _verdict(test: Any) -> str:
@@ -289,18 +297,15 @@ def _verdict(test: Any) -> str:
     return f"{better} beyond noise (McNemar p = {test.p_value:.3g} on {test.documents} documents)"
 
 
-def _correct(settings: Settings, score: EvaluationScore) -> dict[Any, bool]:
-    """doc id -> correct, from the per-sample records of the job that measured the score."""
-    from worker.evaluation.results import read_samples
+def _outcomes(settings: Settings, score: EvaluationScore) -> dict[Any, bool] | None:
+    """doc id -> right or wrong by the score's own metric, from the per-sample records of the
+    job that measured it: {} without records, None where the metric is not 0/1 per document."""
+    from worker.evaluation.results import outcomes, read_samples
 
     path = settings.evaluations_dir / score.tenant_id / score.job_id / "samples.jsonl"
     if not path.is_file():
         return {}
-    return {
-        r["doc_id"]: bool(r["correct"])
-        for r in read_samples(path)
-        if r["task"] == score.task and r["filter"] == score.filter and r["correct"] is not None
-    }
+    return outcomes(read_samples(path), task=score.task, filter=score.filter, metric=score.metric)
 
 
 def samples_file(settings: Settings, job: Job) -> Path:

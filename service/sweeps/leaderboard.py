@@ -150,31 +150,34 @@ def _versus(
     mine: dict[int, dict[str, Any]],
     best: dict[int, dict[str, Any]],
 ) -> dict[str, Any] | None:
-    """McNemar over (pair, document): the pairs both configurations were scored on."""
+    """McNemar over (pair, document): the pairs both configurations were scored on. None
+    where a pair's records say no right/wrong by the objective's metric."""
     first: dict[Any, bool] = {}
     second: dict[Any, bool] = {}
     for pair in sorted(set(mine) & set(best)):
-        first.update({(pair, d): ok for d, ok in _correct(settings, tenant, mine[pair]).items()})
-        second.update({(pair, d): ok for d, ok in _correct(settings, tenant, best[pair]).items()})
+        ours = _outcomes(settings, tenant, mine[pair])
+        theirs = _outcomes(settings, tenant, best[pair])
+        if ours is None or theirs is None:
+            return None
+        first.update({(pair, d): ok for d, ok in ours.items()})
+        second.update({(pair, d): ok for d, ok in theirs.items()})
     test = paired(first, second)
     if test is None:
         return None
     return {**test.to_dict(), "distinguishable": test.significant}
 
 
-def _correct(settings: Settings, tenant: str, score: dict[str, Any]) -> dict[Any, bool]:
-    """doc id -> correct, from the records of the job that measured `score`."""
-    from worker.evaluation.results import read_samples
+def _outcomes(settings: Settings, tenant: str, score: dict[str, Any]) -> dict[Any, bool] | None:
+    """doc id -> right or wrong by the score's own metric, from the records of the job that
+    measured `score` ({} without records, None where the metric is not 0/1 per document)."""
+    from worker.evaluation.results import outcomes, read_samples
 
     path: Path = settings.evaluations_dir / tenant / score["job_id"] / "samples.jsonl"
     if not path.is_file():
         return {}
-    return {
-        r["doc_id"]: bool(r["correct"])
-        for r in read_samples(path)
-        if r["task"] == score["task"] and r["filter"] == score["filter"]
-        and r["correct"] is not None
-    }  # fmt: skip
+    return outcomes(
+        read_samples(path), task=score["task"], filter=score["filter"], metric=score["metric"]
+    )
 
 
 # --- renderings ----------------------------------------------------------------------------

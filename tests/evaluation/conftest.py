@@ -8,6 +8,7 @@ import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -143,17 +144,30 @@ def reference_picks(model_dir: Path, contexts: list[str], choices: list[str]) ->
 
 def write_choice_task(tasks_dir: Path, picks: list[int]) -> list[bool]:
     """Rows whose label is the model's pick on even rows and another choice on odd ones, and
-    the task YAML (plain lm-eval: the json loader on a local file)."""
-    tasks_dir.mkdir(parents=True, exist_ok=True)
+    the task YAML."""
     right = [i % 2 == 0 for i in range(len(picks))]
     rows = [
         {"question": q, "choices": CHOICES, "label": p if ok else (p + 1) % len(CHOICES)}
         for q, p, ok in zip(CHOICE_QUESTIONS, picks, right, strict=True)
     ]
-    data = tasks_dir / "tiny_choice.jsonl"
+    write_choice_yaml(tasks_dir, CHOICE_TASK, rows, {"acc": "mean"})
+    return right
+
+
+def write_choice_yaml(
+    tasks_dir: Path, task: str, rows: list[dict[str, Any]], metrics: dict[str, str]
+) -> None:
+    """A multiple-choice task on `rows` (question, choices, label) scored by `metrics` (name ->
+    aggregation): plain lm-eval, the json loader on a local file."""
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    data = tasks_dir / f"{task}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    (tasks_dir / "tiny_choice.yaml").write_text(
-        f"""task: {CHOICE_TASK}
+    metric_list = "".join(
+        f"  - metric: {name}\n    aggregation: {aggregation}\n    higher_is_better: true\n"
+        for name, aggregation in metrics.items()
+    )
+    (tasks_dir / f"{task}.yaml").write_text(
+        f"""task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -164,15 +178,11 @@ doc_to_text: "{{{{question}}}}"
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: label
 metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-metadata:
+{metric_list}metadata:
   version: 1.0
 """,
         encoding="utf-8",
     )
-    return right
 
 
 @pytest.fixture(scope="session")

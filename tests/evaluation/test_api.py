@@ -139,7 +139,8 @@ def test_an_equal_evaluation_is_answered_from_stored_scores(
     assert samples.status_code == 200
     records = [json.loads(line) for line in samples.text.splitlines()]
     assert {r["doc_id"] for r in records} == set(range(len(QUESTIONS)))
-    assert all({"prompt", "response", "extracted", "target", "correct"} <= set(r) for r in records)
+    keys = {"prompt", "response", "extracted", "target", "metrics", "correct"}
+    assert all(keys <= set(r) for r in records)
 
     second = service.wait(
         service.client.post("/v1/evaluations", json=body).json()["id"], kind="evaluations"

@@ -36,7 +36,8 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
 
 
 def paired(first: dict[Any, bool], second: dict[Any, bool]) -> Paired | None:
-    """`first` and `second` map document ids to correct/incorrect; None with no common one."""
+    """`first` and `second` map document ids to right/wrong by one metric; None with no
+    common one."""
     common = sorted(set(first) & set(second), key=str)
     if not common:
         return None

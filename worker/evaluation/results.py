@@ -1,5 +1,7 @@
 """lm-eval's output as what the service stores: one score per task × filter × metric, and one
-per-sample record (prompt, response, extracted answer, target, correct) per document × filter."""
+per-sample record (prompt, response, extracted answer, target, metrics, correct) per document ×
+filter. `metrics` holds every metric's value for the document; a paired test of a score reads
+that score's own metric there (`outcomes`)."""
 
 from __future__ import annotations
 
@@ -59,8 +61,10 @@ def scores_of(results: dict[str, Any]) -> list[Score]:
 
 
 def sample_records(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per document and filter: what the model was asked, said, and how it was scored.
-    `correct` is set where the task's metric is 0/1 per document (exact_match, acc)."""
+    """Per document and filter: what the model was asked, said, and how it was scored:
+    `metrics` maps each of the task's metrics to its value for the document. `correct` is the
+    first 0/1 one (None without one): a quick look at a record, and what clients read before
+    `metrics`; with several metrics (acc and acc_norm) it speaks for the first only."""
     records = []
     for task, samples in (results.get("samples") or {}).items():
         for sample in samples:
@@ -68,7 +72,7 @@ def sample_records(results: dict[str, Any]) -> list[dict[str, Any]]:
             first = arguments[0] if arguments else []
             prompt = first[0] if isinstance(first, list | tuple) and first else first
             metrics = {m: _number(sample.get(m)) for m in sample.get("metrics", [])}
-            binary = [v for v in metrics.values() if v in (0, 1, 0.0, 1.0, True, False)]
+            binary = [v for v in metrics.values() if _binary(v)]
             records.append(
                 {
                     "task": task,
@@ -114,3 +118,25 @@ def write_samples(records: list[dict[str, Any]], path: Path) -> None:
 def read_samples(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def outcomes(
+    records: list[dict[str, Any]], *, task: str, filter: str, metric: str
+) -> dict[Any, bool] | None:
+    """doc id -> right or wrong by `metric`, from the records of `task` × `filter`. None where
+    that is not a right/wrong per document: a metric that is not 0/1 per document (a paired
+    right/wrong test would be wrong), or records that do not keep it (records without
+    `metrics` say `correct` only, of a metric they do not name). No records: empty."""
+    found: dict[Any, bool] = {}
+    for record in records:
+        if record.get("task") != task or record.get("filter") != filter:
+            continue
+        value = (record.get("metrics") or {}).get(metric)
+        if not _binary(value):
+            return None
+        found[record["doc_id"]] = bool(value)
+    return found
+
+
+def _binary(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, int | float) and value in (0, 1))
