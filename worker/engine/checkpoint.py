@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.engine.errors import CheckpointError
+from worker.engine.errors import CheckpointError, quoted
 from worker.engine.limits import MAX_JSON_BYTES, MAX_LAYERS, MAX_TENSORS, MAX_WEIGHT_FILES
 from worker.engine.safetensors_format import TensorInfo, read_header
 
@@ -37,6 +37,7 @@ _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _NUMBER_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
 LAYER_NAME_FORM = "…layers.<n>.…"
 SHOWN_PATTERNS = 5
+_PATTERN_CHARS = 100  # a tensor name in an error message, cut
 
 
 def layer_index(tensor_name: str) -> int | None:
@@ -48,7 +49,7 @@ def layer_index(tensor_name: str) -> int | None:
 def name_patterns(names: Iterable[str], limit: int = SHOWN_PATTERNS) -> list[str]:
     """A few distinct tensor-name shapes (`transformer.h.<n>.mlp.weight`), numbered ones first:
     a numbered stack that is not recognised as layers is what a reader needs to see."""
-    patterns = {_NUMBER_RE.sub("<n>", name) for name in names}
+    patterns = {_NUMBER_RE.sub("<n>", name)[:_PATTERN_CHARS] for name in names}
     return sorted(patterns, key=lambda p: ("<n>" not in p, p))[:limit]
 
 
@@ -76,10 +77,13 @@ class Checkpoint:
                 raise CheckpointError.at(path, f"more than {MAX_TENSORS} tensors")
             for name, info in found.items():
                 if name in tensors:
-                    raise CheckpointError.at(file, f"tensor {name!r} also in {tensors[name].file}")
+                    raise CheckpointError.at(
+                        file, f"tensor {quoted(name)} also in {tensors[name].file}"
+                    )
                 if expected is not None and expected.get(name) != file.name:
                     raise CheckpointError.at(
-                        path / INDEX_FILE, f"tensor {name!r} in {file.name} is not indexed there"
+                        path / INDEX_FILE,
+                        f"tensor {quoted(name)} in {file.name} is not indexed there",
                     )
                 tensors[name] = info
         if expected is not None and (missing := sorted(set(expected) - set(tensors))):
@@ -199,7 +203,7 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
         data = _read_json(index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(
-            isinstance(v, str) and "/" not in v and v.endswith(".safetensors")
+            isinstance(v, str) and "/" not in v and "\0" not in v and v.endswith(".safetensors")
             for v in weight_map.values()
         ):
             raise CheckpointError.at(index, "weight_map must map tensor names to shard files")

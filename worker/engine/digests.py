@@ -33,7 +33,7 @@ def file_sha256(
         entry = cache_dir / (hashlib.sha256(str(real).encode()).hexdigest()[:32] + ".json")
         try:
             cached = json.loads(entry.read_text())
-            if cached.get("identity") == identity:
+            if isinstance(cached, dict) and cached.get("identity") == identity:
                 return str(cached["sha256"])
         except (OSError, ValueError, KeyError):
             pass

@@ -25,6 +25,13 @@ class EngineError(Exception):
         return {"code": self.code, "message": self.message, "details": self.details}
 
 
+def quoted(value: Any, limit: int = 80) -> str:
+    """repr() cut to `limit` characters: inputs can hold megabytes where a word was expected,
+    and an error message is one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _rebuild(cls: type[EngineError], message: str, details: dict[str, Any]) -> EngineError:
     return cls(message, details=details)
 

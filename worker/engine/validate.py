@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.engine.checkpoint import Checkpoint
-from worker.engine.errors import IncompatibleCheckpointsError
+from worker.engine.errors import IncompatibleCheckpointsError, quoted
 from worker.engine.plan import InputRef
 
 MAX_LISTED = 50
@@ -20,7 +20,7 @@ def check_compatible(refs: Sequence[InputRef], checkpoints: Sequence[Checkpoint]
         for key in _CONFIG_KEYS:
             a, b = first.text_config.get(key), ckpt.text_config.get(key)
             if a != b:
-                problems.append(f"config {key}: {ref0.label}={a!r}, {ref.label}={b!r}")
+                problems.append(f"config {key}: {ref0.label}={quoted(a)}, {ref.label}={quoted(b)}")
         for name in sorted(first.tensors.keys() - ckpt.tensors.keys()):
             problems.append(f"{name}: in {ref0.label}, missing from {ref.label}")
         for name in sorted(ckpt.tensors.keys() - first.tensors.keys()):
