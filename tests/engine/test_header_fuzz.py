@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import Family
+from tests.helpers import leftovers, write_recipe
+from tests.test_cli import layerswap
 from worker.engine.checkpoint import Checkpoint
 from worker.engine.errors import CheckpointError
 from worker.engine.safetensors_format import DTYPE_SIZES
@@ -407,3 +411,18 @@ def test_index_type_confusion_is_refused(index: Any, tmp_path: Path) -> None:
         Checkpoint.open(tmp_path)
     assert info.value.details["path"].startswith(str(tmp_path))
     assert len(info.value.message) < MAX_MESSAGE
+
+
+def test_the_cli_refuses_a_list_dtype_in_one_line(llama: Family, tmp_path: Path) -> None:
+    bad = shutil.copytree(llama.language, tmp_path / "bad")
+    weights = bad / "model.safetensors"
+    weights.write_bytes(craft(REFUSED["dtype-list"][0]))
+    recipe = write_recipe(tmp_path / "soup.yaml", {"method": "soup", "models": [llama.task, bad]})
+    out = tmp_path / "merged"
+    proc = layerswap("merge", recipe, "--out", out, "-q", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # no traceback
+    assert lines[0].startswith("layerswap: error [invalid_checkpoint]")
+    assert f"{weights}: tensor 'w': unknown dtype ['F32']" in lines[0]
+    assert leftovers(out) == []
