@@ -1,19 +1,32 @@
-"""A tenant's webhook endpoints and their deliveries: create (the secret shown once), list,
-read, delete, rotate the secret, re-enable, deliveries with every attempt, replay."""
+"""A tenant's webhook endpoints and their deliveries: create (the secret shown once; at most
+`webhook_max_endpoints` per tenant), list (page by page), read, delete, rotate the secret (the
+old one signs beside the new one for an overlap), re-enable, deliveries with every attempt,
+replay. Secrets are stored encrypted (service/webhooks/encryption.py)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
+from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from service import jobs
-from service.db.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, as_utc, utcnow
+from service.db.models import (
+    Tenant,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+    as_utc,
+    utcnow,
+)
 from service.db.session import Database
-from service.errors import Conflict, InvalidRequest, NotFound
+from service.errors import Conflict, InvalidRequest, NotFound, ServiceError
 from service.settings import Settings
+from service.webhooks.encryption import box_for
 from service.webhooks.network import UnsafeUrl, check_url
 from service.webhooks.outbox import EVENT_TYPES, PENDING, fail_pending, new_secret, tenant_secret
 
@@ -22,6 +35,13 @@ EventType = Literal[
     "evaluation.completed", "sweep.completed", "artifact.published",
 ]  # fmt: skip
 assert set(get_args(EventType)) == set(EVENT_TYPES)
+
+
+class EndpointLimit(ServiceError):
+    """409: the tenant has as many endpoints as it may; deleting one makes room."""
+
+    code = "webhook_endpoint_limit"
+    status = 409
 
 
 def _all_events() -> list[EventType]:
@@ -40,6 +60,18 @@ class EndpointCreate(BaseModel):
     description: str = Field("", max_length=500)
 
 
+class SecretRotation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    overlap_s: float | None = Field(
+        None,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="how long the old secret also signs (default: the service's "
+        "LAYERSWAP_WEBHOOK_SECRET_OVERLAP_S; 0: not at all, for a secret that leaked)",
+    )
+
+
 def check_webhook_url(url: str, settings: Settings, *, field: str) -> None:
     try:
         check_url(url, settings.webhook_allowed_networks)
@@ -47,7 +79,10 @@ def check_webhook_url(url: str, settings: Settings, *, field: str) -> None:
         raise InvalidRequest(f"{field}: {e}", details={"field": field}) from None
 
 
-def endpoint_view(endpoint: WebhookEndpoint, *, secret: bool = False) -> dict[str, Any]:
+def endpoint_view(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict[str, Any]:
+    """The endpoint as the API shows it; `secret` (plaintext) only at creation and rotation."""
+    until = as_utc(endpoint.previous_secret_until)
+    overlapping = endpoint.previous_secret is not None and until is not None and until > utcnow()
     view: dict[str, Any] = {
         "id": endpoint.id,
         "url": endpoint.url,
@@ -56,9 +91,11 @@ def endpoint_view(endpoint: WebhookEndpoint, *, secret: bool = False) -> dict[st
         "status": "disabled" if endpoint.disabled_at else "enabled",
         "disabled_reason": endpoint.disabled_reason,
         "created_at": as_utc(endpoint.created_at).isoformat(),
+        # until then the secret before the last rotation also signs
+        "previous_secret_expires_at": until.isoformat() if overlapping and until else None,
     }
-    if secret:
-        view["secret"] = endpoint.secret
+    if secret is not None:
+        view["secret"] = secret
     return view
 
 
@@ -84,19 +121,42 @@ def delivery_view(delivery: WebhookDelivery, event: WebhookEvent) -> dict[str, A
 
 def create_endpoint(
     db: Database, settings: Settings, tenant: str, body: EndpointCreate
-) -> WebhookEndpoint:
+) -> tuple[WebhookEndpoint, str]:
+    """The new endpoint and its secret (plaintext, to show once)."""
     check_webhook_url(body.url, settings, field="url")
     jobs.ensure_tenant(db, tenant)
+    secret = new_secret()
     endpoint = WebhookEndpoint(
         id=uuid.uuid4().hex, tenant_id=tenant, url=body.url,
         events=list(dict.fromkeys(body.events)), description=body.description,
-        secret=new_secret(), created_at=utcnow(),
+        secret=box_for(settings).encrypt(secret), created_at=utcnow(),
     )  # fmt: skip
     with db.session() as session:
+        # A write to the tenant's row first: its creations take turns (PostgreSQL's row lock,
+        # SQLite's one writer), so two at once cannot both see room for one more.
+        session.execute(
+            update(Tenant).where(Tenant.id == tenant).values(created_at=Tenant.created_at)
+        )
+        check_room(session, settings, tenant)
         session.add(endpoint)
         session.flush()
         session.expunge(endpoint)
-    return endpoint
+    return endpoint, secret
+
+
+def check_room(session: Any, settings: Settings, tenant: str) -> None:
+    cap = settings.webhook_max_endpoints
+    live = session.scalar(
+        select(func.count())
+        .select_from(WebhookEndpoint)
+        .where(WebhookEndpoint.tenant_id == tenant, WebhookEndpoint.deleted_at.is_(None))
+    )
+    if int(live or 0) >= cap:
+        raise EndpointLimit(
+            f"this tenant has {live} webhook endpoints, the most it may have "
+            f"(LAYERSWAP_WEBHOOK_MAX_ENDPOINTS = {cap}); delete one first",
+            details={"limit": cap, "endpoints": int(live or 0)},
+        )
 
 
 def get_endpoint(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:
@@ -108,17 +168,38 @@ def get_endpoint(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint
         return endpoint
 
 
-def list_endpoints(db: Database, tenant: str) -> list[WebhookEndpoint]:
+def list_endpoints(
+    db: Database, tenant: str, *, cursor: str | None = None, limit: int = 50
+) -> tuple[list[WebhookEndpoint], str | None]:
+    """Oldest first, a page at a time; `cursor` continues after the previous page's last."""
+    created, id_ = WebhookEndpoint.created_at, WebhookEndpoint.id
+    query = select(WebhookEndpoint).where(
+        WebhookEndpoint.tenant_id == tenant, WebhookEndpoint.deleted_at.is_(None)
+    )
+    if cursor:
+        after, last_id = read_cursor(cursor)
+        query = query.where(or_(created > after, and_(created == after, id_ > last_id)))
     with db.session() as session:
-        found = list(
-            session.scalars(
-                select(WebhookEndpoint)
-                .where(WebhookEndpoint.tenant_id == tenant, WebhookEndpoint.deleted_at.is_(None))
-                .order_by(WebhookEndpoint.created_at)
-            )
-        )
+        found = list(session.scalars(query.order_by(created, id_).limit(limit + 1)))
         session.expunge_all()
-        return found
+    page = found[:limit]
+    return page, make_cursor(page[-1].created_at, page[-1].id) if len(found) > limit else None
+
+
+def make_cursor(created_at: datetime, row_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), row_id]).encode()).decode()
+
+
+def read_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, row_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not jobs.is_id(str(row_id)):
+            raise ValueError(row_id)
+        return datetime.fromisoformat(created), str(row_id)
+    except (ValueError, TypeError) as e:
+        raise InvalidRequest(
+            "cursor: not a cursor from this API", details={"field": "cursor"}
+        ) from e
 
 
 def delete_endpoint(db: Database, tenant: str, endpoint_id: str) -> None:
@@ -133,16 +214,28 @@ def delete_endpoint(db: Database, tenant: str, endpoint_id: str) -> None:
         fail_pending(session, endpoint_id, "the endpoint was deleted")
 
 
-def rotate_secret(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:
-    """A new secret signs every attempt from now on (retries of old events too)."""
+def rotate_secret(
+    db: Database, settings: Settings, tenant: str, endpoint_id: str, overlap_s: float | None
+) -> tuple[WebhookEndpoint, str]:
+    """A new secret signs every attempt from now on (retries of old events too); the old one
+    signs beside it for `overlap_s` (default: the setting), so a receiver can switch without
+    refusing events. Returns the endpoint and the new secret (plaintext, to show once)."""
     get_endpoint(db, tenant, endpoint_id)
+    overlap = settings.webhook_secret_overlap_s if overlap_s is None else overlap_s
+    secret = new_secret()
+    until = utcnow() + timedelta(seconds=overlap) if overlap > 0 else None
     with db.session() as session:
         session.execute(
             update(WebhookEndpoint)
             .where(WebhookEndpoint.id == endpoint_id)
-            .values(secret=new_secret())
+            .values(
+                # the right-hand sides read the row as it was: the old secret moves over
+                previous_secret=WebhookEndpoint.secret if until else None,
+                previous_secret_until=until,
+                secret=box_for(settings).encrypt(secret),
+            )
         )
-    return get_endpoint(db, tenant, endpoint_id)
+    return get_endpoint(db, tenant, endpoint_id), secret
 
 
 def enable(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:
@@ -156,10 +249,10 @@ def enable(db: Database, tenant: str, endpoint_id: str) -> WebhookEndpoint:
     return get_endpoint(db, tenant, endpoint_id)
 
 
-def one_off_secret(db: Database, tenant: str) -> str:
+def one_off_secret(db: Database, settings: Settings, tenant: str) -> str:
     jobs.ensure_tenant(db, tenant)
     with db.session() as session:
-        return tenant_secret(session, tenant)
+        return tenant_secret(session, tenant, box_for(settings))
 
 
 def list_deliveries(
@@ -169,10 +262,11 @@ def list_deliveries(
     endpoint_id: str | None = None,
     subject_id: str | None = None,
     status: str | None = None,
+    cursor: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
-    """Newest first; an endpoint's, or every delivery about one job or sweep (one-off ones
-    included)."""
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Newest first, a page at a time; an endpoint's, or every delivery about one job or sweep
+    (one-off ones included)."""
     query = (
         select(WebhookDelivery, WebhookEvent)
         .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
@@ -182,14 +276,20 @@ def list_deliveries(
         query = query.where(WebhookDelivery.endpoint_id == endpoint_id)
     if subject_id is not None:
         if not jobs.is_id(subject_id):
-            return []  # names nothing (and PostgreSQL would refuse the NUL byte)
+            return [], None  # names nothing (and PostgreSQL would refuse the NUL byte)
         query = query.where(WebhookEvent.subject_id == subject_id)
     if status is not None:
         query = query.where(WebhookDelivery.status == status)
-    query = query.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())
-    query = query.limit(limit)
+    created, id_ = WebhookDelivery.created_at, WebhookDelivery.id
+    if cursor:
+        before, last_id = read_cursor(cursor)
+        query = query.where(or_(created < before, and_(created == before, id_ < last_id)))
+    query = query.order_by(created.desc(), id_.desc()).limit(limit + 1)
     with db.session() as session:
-        return [delivery_view(d, e) for d, e in session.execute(query).all()]
+        found = session.execute(query).all()
+        page = [delivery_view(d, e) for d, e in found[:limit]]
+    last = found[limit - 1][0] if len(found) > limit else None
+    return page, make_cursor(last.created_at, last.id) if last is not None else None
 
 
 def replay(db: Database, tenant: str, delivery_id: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import secrets
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -21,6 +21,9 @@ from service.db.models import (
     WebhookEvent,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from service.webhooks.encryption import SecretBox
 
 EVENT_TYPES = (
     "merge.succeeded",
@@ -38,16 +41,18 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def tenant_secret(session: Session, tenant: str) -> str:
-    """The secret that signs a tenant's one-off webhooks, made once (compare-and-set)."""
+def tenant_secret(session: Session, tenant: str, box: SecretBox) -> str:
+    """The secret that signs a tenant's one-off webhooks, made once (compare-and-set) and
+    stored encrypted; made where it is first needed (the API, the delivery loop), so the
+    processes that only write events (workers) never need the key."""
     session.execute(
         update(Tenant)
         .where(Tenant.id == tenant, Tenant.webhook_secret.is_(None))
-        .values(webhook_secret=new_secret())
+        .values(webhook_secret=box.encrypt(new_secret()))
     )
     row = session.get(Tenant, tenant, populate_existing=True)
     assert row is not None and row.webhook_secret is not None
-    return row.webhook_secret
+    return box.decrypt(row.webhook_secret)
 
 
 def emit(
@@ -88,7 +93,6 @@ def emit(
     session.flush()  # before its deliveries (no ORM relationship orders the two inserts)
     targets: list[tuple[str | None, str]] = [(e.id, e.url) for e in endpoints]
     if one_off_url is not None:
-        tenant_secret(session, tenant)
         targets.append((None, one_off_url))
     for endpoint_id, url in targets:
         session.add(

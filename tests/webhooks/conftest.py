@@ -18,7 +18,7 @@ from tests.webhooks.receiver import Receiver
 # SQLite and PostgreSQL, as for the service tests; the evaluation tests' model and data.
 __all__ = ["database_url", "math_expert"]
 
-FAST = {
+FAST: dict[str, Any] = {
     "webhook_allowed_networks": ["127.0.0.0/8"],
     "webhook_interval_s": 0.05,
     "webhook_retry_base_s": 0.2,

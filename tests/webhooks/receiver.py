@@ -42,6 +42,8 @@ class Receiver:
         self.secrets: list[str] = []  # verify with any of these
         self.received: list[Received] = []
         self.script: list[Reply] = []  # answers for the next requests, then 200
+        self.open = 0  # requests being handled now (held ones included)
+        self.most_open = 0  # the most that were ever handled at once
         self._lock = threading.Lock()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -62,8 +64,14 @@ class Receiver:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with receiver._lock:
                     reply = receiver.script.pop(0) if receiver.script else Reply()
-                if reply.hold is not None:
-                    reply.hold.wait(60)
+                    receiver.open += 1
+                    receiver.most_open = max(receiver.most_open, receiver.open)
+                try:
+                    if reply.hold is not None:
+                        reply.hold.wait(60)
+                finally:
+                    with receiver._lock:
+                        receiver.open -= 1
                 verified = receiver._verify(body, headers)
                 with receiver._lock:
                     receiver.received.append(

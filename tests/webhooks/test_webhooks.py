@@ -72,8 +72,12 @@ def test_merge_events_are_signed_thin_and_filtered(service: Service, receiver: R
     assert delivery["subject_id"] == job["id"] and delivery["payload"]["type"] == "merge.succeeded"
     assert deliveries(service, only_failures["id"]) == []
 
-    # A rotated secret signs from then on; the old one no longer verifies.
-    rotated = service.client.post(f"/v1/webhooks/{everything['id']}/rotate-secret").json()
+    # A rotated secret signs from then on; rotated with no overlap (a leaked secret, say), the
+    # old one no longer verifies (test_secrets.py: the overlap).
+    rotated = service.client.post(
+        f"/v1/webhooks/{everything['id']}/rotate-secret", json={"overlap_s": 0}
+    ).json()
+    assert rotated["previous_secret_expires_at"] is None
     assert rotated["secret"] != everything["secret"]
     receiver.secrets = [everything["secret"]]
     service.wait(service.submit(layer_swap(), **{"Idempotency-Key": "second"})["id"])
