@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from service import jobs
+from service.auth import create_key
 from service.db.session import Database
 from service.webhooks.outbox import emit
 from tests.evaluation.conftest import math_expert
@@ -59,3 +60,8 @@ def announce(db: Database, tenant: str, one_off_url: str | None = None) -> str:
         emit(session, tenant=tenant, type_="merge.succeeded", subject_id=job_id, data=data,
              one_off_url=one_off_url)  # fmt: skip
     return job_id
+
+
+def tenant_headers(service: Service, *tenants: str) -> dict[str, dict[str, str]]:
+    """An API key for each tenant, as request headers (the service runs with auth on)."""
+    return {t: {"Authorization": f"Bearer {create_key(service.db, t)}"} for t in tenants}

@@ -14,15 +14,10 @@ from typing import Any
 
 import pytest
 
-from service.auth import create_key
 from tests.service.conftest import Service, running_service
-from tests.webhooks.conftest import FAST, announce
+from tests.webhooks.conftest import FAST, announce, tenant_headers
 from tests.webhooks.receiver import Receiver, Reply, wait_for
 from tests.webhooks.stuck import StuckServer
-
-
-def keys(service: Service) -> dict[str, dict[str, str]]:
-    return {t: {"Authorization": f"Bearer {create_key(service.db, t)}"} for t in ("a", "b")}
 
 
 def subscribe(service: Service, url: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -63,7 +58,7 @@ def test_one_tenants_slow_receivers_do_not_delay_another_tenants_delivery(
     settings = {**FAST, "webhook_timeout_s": 30.0, "webhook_concurrency": 8,
                 "webhook_tenant_concurrency": 3}  # fmt: skip
     with running_service(tmp_path, database_url, examples, auth=True, **settings) as service:
-        headers = keys(service)
+        headers = tenant_headers(service, "a", "b")
         for i in range(10):
             subscribe(service, f"{held_receiver.url}/{i}", headers["a"])
         announce(service.db, "a")
@@ -107,7 +102,7 @@ def test_receivers_that_never_finish_answering_are_given_up_after_the_bound(
     bound = 3.0
     settings = {**FAST, "webhook_timeout_s": bound}
     with running_service(tmp_path, database_url, examples, auth=True, **settings) as service:
-        headers = keys(service)
+        headers = tenant_headers(service, "a", "b")
         ids = [subscribe(service, s.url, headers["a"])["id"] for s in stuck]
         for tenant in ("a", "b"):
             receiver.secrets.append(subscribe(service, receiver.url, headers[tenant])["secret"])
