@@ -24,8 +24,11 @@ from service.sources import resolve_source
 from service.sweeps.expand import (
     SweepError,
     Trial,
+    check_space,
+    combinations,
     initial_configurations,
     planned_jobs,
+    space_size,
     trials,
 )
 from service.sweeps.spec import SweepCreate
@@ -62,17 +65,7 @@ def create_sweep(
                   field="publish_best.credential")  # fmt: skip
     spec, pins = _pinned(spec, settings, tenant)
     layers = _num_layers(spec, settings, tenant, pins)
-    try:
-        planned = planned_jobs(spec, layers)
-        first = trials(spec, initial_configurations(spec, layers))
-    except SweepError as e:
-        raise InvalidRequest(str(e), details={"field": e.field}) from None
-    if planned > spec.budget:
-        raise InvalidRequest(
-            f"budget: the sweep expands to {planned} jobs (merges and evaluations), more than "
-            f"its budget of {spec.budget}",
-            details={"field": "budget", "jobs": planned, "budget": spec.budget},
-        )
+    first = _first_trials(spec, layers)
     _check_recipes(first, spec, settings, tenant)
     sweep = Sweep(
         id=jobs.new_id(),
@@ -97,6 +90,38 @@ def create_sweep(
             raise
         return Created(found, False, [])
     return Created(sweep, True, made)
+
+
+def _first_trials(spec: SweepCreate, layers: int) -> list[Trial]:
+    """The trials created at once, built only once the configurations they come from and the
+    jobs the whole sweep takes are counted within bounds (a grid may list millions)."""
+    try:
+        check_space(spec, layers)
+        planned = planned_jobs(spec, layers)
+        if planned > spec.budget:
+            raise _over_budget(spec, layers, planned)
+        return trials(spec, initial_configurations(spec, layers))
+    except SweepError as e:
+        raise InvalidRequest(str(e), details={"field": e.field}) from None
+
+
+def _over_budget(spec: SweepCreate, layers: int, planned: int) -> InvalidRequest:
+    details: dict[str, Any] = {"field": "budget", "jobs": planned, "budget": spec.budget}
+    message = (
+        f"budget: the sweep expands to {planned} jobs (merges and evaluations), more than its "
+        f"budget of {spec.budget}"
+    )
+    if spec.grid is not None:
+        details.update(
+            combinations=combinations(spec.grid), configurations=space_size(spec, layers)
+        )
+        pairs = len(spec.expert_pairs())
+        message += (
+            f" ({details['configurations']} of the grid's {details['combinations']} "
+            f"combinations fit the model's {layers} layers; {pairs} expert "
+            f"pair{'s' if pairs != 1 else ''})"
+        )
+    return InvalidRequest(message, details=details)
 
 
 def add_trial_jobs(

@@ -1,16 +1,24 @@
 """A sweep spec, expanded: configurations (from a list, a grid or a preset, scaled to the
 model's depth), trials (pair × configuration, plus baselines), each trial's merge recipe, and
 the number of jobs it all takes. Pure functions: the API checks a spec with them before anything
-is stored, and the advancer asks for more configurations with them."""
+is stored, and the advancer asks for more configurations with them.
+
+A grid may list millions of combinations: how many there are, how many fit the model and the
+jobs they take are counted from the lists (`space_size`, `planned_jobs`) without building one,
+so an oversized grid is refused at once; a grid is only built (`space`) once it is within
+bounds, and then only its configurations that fit."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from service.sweeps.spec import Baseline, Pair, SweepCreate
+from service.sweeps.spec import MAX_SPACE, Baseline, Grid, Pair, SweepCreate
 from worker.engine.recipe import LayerSwapParams
 
 PAPER_LAYERS = 32  # the paper's models (Llama 3.1 8B): presets are stated for this depth
@@ -61,7 +69,7 @@ def fits(p: LayerSwapParams, layers: int) -> bool:
 def space(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
     """Every configuration the spec allows, deduplicated, in a stable order. Preset values are
     scaled to `layers`; ones that do not fit the model are dropped from grids and presets and
-    refused in an explicit list."""
+    refused in an explicit list. A grid is built whatever its size: `check_space` first."""
     if spec.configurations is not None:
         for i, p in enumerate(spec.configurations):
             if not fits(p, layers):
@@ -71,25 +79,7 @@ def space(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
                 )
         found = list(spec.configurations)
     elif spec.grid is not None:
-        g = spec.grid
-        found = [
-            LayerSwapParams(
-                bottom=b,
-                top=u,
-                bottom_transition=bt,
-                top_transition=ut,
-                transition_weights=tw,
-                non_layer=nl,
-            )
-            for b, u, bt, ut, tw, nl in itertools.product(
-                g.bottom,
-                g.top,
-                g.bottom_transition,
-                g.top_transition,
-                g.transition_weights,
-                g.non_layer,
-            )
-        ]
+        found = list(_grid(spec.grid, layers))
     elif spec.preset == "paper-default":
         b, u = PAPER_DEFAULT
         found = [LayerSwapParams(bottom=scaled(layers, b), top=scaled(layers, u))]
@@ -105,10 +95,74 @@ def space(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
         ]
     unique = list({label(p): p for p in found if fits(p, layers)}.values())
     if not unique:
-        raise SweepError(
-            "grid" if spec.grid else "preset", f"no configuration fits {layers} layers"
-        )
+        raise _nothing_fits(spec, layers)
     return unique
+
+
+def _nothing_fits(spec: SweepCreate, layers: int) -> SweepError:
+    return SweepError("grid" if spec.grid else "preset", f"no configuration fits {layers} layers")
+
+
+def _grid(grid: Grid, layers: int) -> Iterator[LayerSwapParams]:
+    """The grid's configurations that fit, in the order of the lists' product; a prefix that
+    does not fit is not extended (layer counts are >= 0)."""
+    weights, non_layer = dict.fromkeys(grid.transition_weights), dict.fromkeys(grid.non_layer)
+    for b in grid.bottom:
+        for u in (u for u in grid.top if b + u <= layers):
+            for bt in (bt for bt in grid.bottom_transition if b + u + bt <= layers):
+                for ut in (ut for ut in grid.top_transition if b + u + bt + ut <= layers):
+                    for tw, nl in itertools.product(weights, non_layer):
+                        yield LayerSwapParams(
+                            bottom=b, top=u, bottom_transition=bt, top_transition=ut,
+                            transition_weights=tw, non_layer=nl,
+                        )  # fmt: skip
+
+
+def combinations(grid: Grid) -> int:
+    """How many configurations the grid lists: the product of its lists' lengths."""
+    values = (grid.bottom, grid.top, grid.bottom_transition, grid.top_transition)
+    named = (set(grid.transition_weights), set(grid.non_layer))
+    return math.prod(len(v) for v in values) * math.prod(len(v) for v in named)
+
+
+def fitting(grid: Grid, layers: int) -> int:
+    """How many of the grid's configurations fit `layers`, counted without building them: the
+    number of ways to reach each total of layer counts, list by list (totals past `layers`
+    dropped, so at most layers + 1 of them), times the non-numeric choices."""
+    ways: Counter[int] = Counter({0: 1})
+    for values in (grid.bottom, grid.top, grid.bottom_transition, grid.top_transition):
+        reached: Counter[int] = Counter()
+        for total, count in ways.items():
+            for v in values:
+                if total + v <= layers:
+                    reached[total + v] += count
+        ways = reached
+    return ways.total() * len(set(grid.transition_weights)) * len(set(grid.non_layer))
+
+
+def space_size(spec: SweepCreate, layers: int) -> int:
+    """len(space(spec, layers)), a grid's counted without building it."""
+    if spec.grid is None:  # a list (at most 256) or a preset: small, built
+        return len(space(spec, layers))
+    size = fitting(spec.grid, layers)
+    if size == 0:
+        raise _nothing_fits(spec, layers)
+    return size
+
+
+def check_space(spec: SweepCreate, layers: int) -> None:
+    """A random or optuna search chooses among at most MAX_SPACE configurations (the optuna
+    sampler is rebuilt over all of them on each ask); a grid search is bounded by its budget."""
+    if spec.grid is None or spec.search.strategy == "grid":
+        return
+    size = space_size(spec, layers)
+    if size > MAX_SPACE:
+        raise SweepError(
+            "grid",
+            f"{size} configurations of the grid's {combinations(spec.grid)} combinations fit "
+            f"the model's {layers} layers, more than the {MAX_SPACE} a {spec.search.strategy} "
+            "search may choose among",
+        )
 
 
 def initial_configurations(spec: SweepCreate, layers: int) -> list[LayerSwapParams]:
@@ -195,14 +249,17 @@ def job_count(found: list[Trial]) -> int:
 
 
 def planned_jobs(spec: SweepCreate, layers: int) -> int:
-    """All the jobs the sweep will have created by its end (optuna's later asks included)."""
-    configs = initial_configurations(spec, layers)
-    count = job_count(trials(spec, configs))
+    """All the jobs the sweep will have created by its end (optuna's later asks included),
+    counted without building a configuration: what `job_count` says of every trial."""
     pairs = len(spec.expert_pairs())
-    if spec.search.strategy == "optuna":
-        assert spec.search.trials is not None
-        per_config = (1 if spec.evaluates_in_memory else 2) * pairs
-        count += min(spec.search.trials, len(space(spec, layers))) * per_config
+    size = space_size(spec, layers)
+    tried = size if spec.search.strategy == "grid" else min(spec.search.trials or 0, size)
+    count = tried * pairs * (1 if spec.evaluates_in_memory else 2)
+    merged = [b for b in spec.baselines if b.method != "experts"]
+    count += len(merged) * pairs * 2  # a merge and its evaluation each
+    if any(b.method == "experts" for b in spec.baselines):
+        expert_pairs = spec.expert_pairs()
+        count += len({*(p.task for p in expert_pairs), *(p.language for p in expert_pairs)})
     if (spec.evaluates_in_memory and spec.keep == "best") or spec.publish_best is not None:
         count += pairs  # the best configuration, written or published at the end
     return count

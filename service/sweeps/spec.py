@@ -1,10 +1,14 @@
 """What a sweep asks for: expert pairs, layer-swap configurations (a list, a grid or a preset),
-baselines on the same pairs, the evaluation, the objective, the search and what to keep."""
+baselines on the same pairs, the evaluation, the objective, the search and what to keep.
+
+Every list and string has a limit (a 422 naming the field and the limit past it), so a request's
+size bounds the work of checking it; what a grid expands to is counted from its lists' lengths
+before any configuration is built (service/sweeps/expand.py)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +23,14 @@ from worker.evaluation.spec import EvaluationSpec
 
 MAX_EXPERTS = 16
 MAX_BUDGET = 1000  # jobs one sweep may create (merges + evaluations)
+MAX_SPACE = 10_000  # configurations a random or optuna search chooses among
+MAX_LAYER_COUNT = 1024  # a grid value: more layers than any model has
+MAX_SOURCE_LENGTH = 4096  # as POST /v1/evaluations' source
+MAX_NAME_LENGTH = 100  # task, metric and filter names
+
+SweepSource = Annotated[Source, Field(max_length=MAX_SOURCE_LENGTH)]
+LayerCount = Annotated[int, Field(le=MAX_LAYER_COUNT)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 
 
 class _Strict(BaseModel):
@@ -26,17 +38,20 @@ class _Strict(BaseModel):
 
 
 class Pair(_Strict):
-    task: Source
-    language: Source
+    task: SweepSource
+    language: SweepSource
 
 
 class Grid(_Strict):
-    """Each layer-swap parameter's values; the configurations are their product."""
+    """Each layer-swap parameter's values; the configurations are their product, less those
+    that do not fit the model. Up to 64 × 64 × 16 × 16 × 2 × 3 values may be listed; what fits
+    must stay within the sweep's budget (grid search) or 10,000 configurations (random and
+    optuna search), counted before any is built."""
 
-    bottom: list[int] = Field(min_length=1, max_length=64)
-    top: list[int] = Field(min_length=1, max_length=64)
-    bottom_transition: list[int] = Field([0], min_length=1, max_length=16)
-    top_transition: list[int] = Field([0], min_length=1, max_length=16)
+    bottom: list[LayerCount] = Field(min_length=1, max_length=64)
+    top: list[LayerCount] = Field(min_length=1, max_length=64)
+    bottom_transition: list[LayerCount] = Field([0], min_length=1, max_length=16)
+    top_transition: list[LayerCount] = Field([0], min_length=1, max_length=16)
     transition_weights: list[Literal["uniform", "magnitude"]] = Field(
         ["uniform"], min_length=1, max_length=2
     )
@@ -77,15 +92,15 @@ class Baseline(_Strict):
     """Another method on the same pairs (`models` = [task, language]), or the experts alone."""
 
     method: Literal["soup", "ties", "task_arithmetic", "experts"]
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, max_length=16)
 
 
 class Objective(_Strict):
     """The score a sweep ranks by: one task, metric and filter of the evaluation."""
 
-    task: str
-    metric: str = "exact_match"
-    filter: str | None = Field(
+    task: Name
+    metric: Name = "exact_match"
+    filter: Name | None = Field(
         None,
         description="default: the task's first of flexible-extract, strict-match, "
         "remove_whitespace, none",
@@ -95,7 +110,10 @@ class Objective(_Strict):
 class Search(_Strict):
     strategy: Literal["grid", "random", "optuna"] = "grid"
     trials: int | None = Field(
-        None, ge=1, le=MAX_BUDGET, description="random / optuna: configurations to try"
+        None,
+        ge=1,
+        le=MAX_BUDGET,
+        description="random / optuna: configurations to try, among at most 10,000 that fit",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1)
     parallel: int = Field(
@@ -110,13 +128,13 @@ class Search(_Strict):
 
 
 class SweepCreate(_Strict):
-    task_experts: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS)
-    language_experts: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS)
+    task_experts: list[SweepSource] = Field(min_length=1, max_length=MAX_EXPERTS)
+    language_experts: list[SweepSource] = Field(min_length=1, max_length=MAX_EXPERTS)
     pairs: list[Pair] | None = Field(
         None, min_length=1, max_length=MAX_EXPERTS * MAX_EXPERTS,
         description="explicit pairs (default: every task expert with every language expert)",
     )  # fmt: skip
-    base: Source | None = None
+    base: SweepSource | None = None
     configurations: list[LayerSwapParams] | None = Field(None, min_length=1, max_length=256)
     grid: Grid | None = None
     preset: Literal["paper-default", "swap-ablation"] | None = None

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
 from tests.service.conftest import Service, running_service
+from tests.sweeps.test_expand import BOMB, fitting_by_hand
 from worker.examples import MATH_SCALE, SWH_SCALE, make_checkpoint
 
 OBJECTIVE = {"task": TASK, "metric": "exact_match", "filter": "remove_whitespace"}
@@ -274,3 +276,59 @@ def test_a_configuration_merged_before_is_reused_not_merged_again(service: Servi
     merged = service.client.get(f"/v1/merges/{trial['merge_job_id']}").json()
     assert "reused_from" not in merged["result"]
     assert trial["artifact_id"] != made[LABELS[1]]["artifact_id"]
+
+
+def test_a_grid_of_millions_is_refused_before_it_is_built(service: Service) -> None:
+    """6,291,456 combinations in a request of about 1 KB: counted, not built (building them
+    took minutes and gigabytes), and refused naming the count and the budget."""
+    one_pair = {"task_experts": ["math"], "language_experts": ["swh"], "baselines": [],
+                "configurations": None}  # fmt: skip
+    # The evaluation and source checks on the way are paid once, unmeasured.
+    small = sweep_body(**one_pair, grid={"bottom": list(range(6)), "top": [0, 1]}, budget=5)
+    assert service.client.post("/v1/sweeps", json=small).status_code == 422
+    body = sweep_body(**one_pair, grid=BOMB)
+    assert len(json.dumps(body)) < 1100
+    tracemalloc.start()
+    try:
+        response = service.client.post("/v1/sweeps", json=body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    fit = fitting_by_hand(6)  # the example models have 6 layers
+    assert error["details"] == {"field": "budget", "jobs": fit + 1, "budget": 200,
+                                "combinations": 6_291_456, "configurations": fit}  # fmt: skip
+    assert "more than its budget of 200" in error["message"]
+    assert f"{fit} of the grid's 6291456 combinations fit the model's 6 layers" in error["message"]
+    assert peak < 50_000_000, peak  # bytes, in every thread of this process
+    assert service.client.get("/v1/sweeps").json()["items"] == []
+
+
+def test_request_sizes_are_bounded_naming_the_field_and_the_limit(service: Service) -> None:
+    make_checkpoint(service.checkpoints / "deep", layers=32)
+    grid = {"bottom": [1], "top": [1]}
+    one = {"configurations": None, "grid": grid}
+    cases = [
+        (sweep_body(**one) | {"grid": {**grid, "bottom": list(range(65))}}, "grid.bottom", "64"),
+        (sweep_body(**one) | {"grid": {**grid, "top_transition": list(range(17))}},
+         "grid.top_transition", "16"),
+        (sweep_body(**one) | {"grid": {**grid, "top": [1025]}}, "grid.top.0", "1024"),
+        (sweep_body(task_experts=["m" * 4097]), "task_experts.0", "4096"),
+        (sweep_body(task_experts=[f"m{i}" for i in range(17)]), "task_experts", "16"),
+        (sweep_body(objective={**OBJECTIVE, "metric": "m" * 101}), "objective.metric", "100"),
+        (sweep_body(baselines=[{"method": "soup", "params": {f"p{i}": 1 for i in range(17)}}]),
+         "baselines.0.params", "16"),
+        (sweep_body(search={"strategy": "random", "trials": 1001}), "search.trials", "1000"),
+        (sweep_body(budget=1001), "budget", "1000"),
+        # 32 layers: 295,296 of BOMB's combinations fit, too many to choose among at random.
+        (sweep_body(task_experts=["deep"], configurations=None, grid=BOMB,
+                    search={"strategy": "random", "trials": 5}), "grid", "10000"),
+    ]  # fmt: skip
+    for body, field, limit in cases:
+        response = service.client.post("/v1/sweeps", json=body)
+        assert response.status_code == 422, (field, response.text)
+        error = response.json()["error"]
+        assert error["details"]["field"] == field, error
+        assert error["message"].startswith(f"{field}: ") and limit in error["message"], error
+    assert service.client.get("/v1/sweeps").json()["items"] == []

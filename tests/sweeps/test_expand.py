@@ -3,6 +3,10 @@ seeded random samples, job counts, and the optuna search's asks."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -10,10 +14,15 @@ import pytest
 from service.sweeps.advance import suggest
 from service.sweeps.expand import (
     SweepError,
+    check_space,
+    combinations,
+    fitting,
     initial_configurations,
+    job_count,
     label,
     planned_jobs,
     space,
+    space_size,
     trials,
 )
 from service.sweeps.spec import SweepCreate
@@ -102,3 +111,74 @@ def test_optuna_asks_untried_configurations_deterministically() -> None:
     # Every configuration asked: nothing more.
     everything = {label(p): p.model_dump() for p in candidates}
     assert suggest(body, candidates, everything, {}, 2) == []
+
+
+# A grid of the most values each list may hold: 6,291,456 combinations in a request of 1 KB.
+BOMB = {"bottom": list(range(64)), "top": list(range(64)), "bottom_transition": list(range(16)),
+        "top_transition": list(range(16)), "transition_weights": ["uniform", "magnitude"],
+        "non_layer": ["average", "task", "language"]}  # fmt: skip
+
+
+def fitting_by_hand(layers: int) -> int:
+    """BOMB's configurations that fit: for each pair of transitions and each bottom, the tops
+    that fit the layers left, times the 2 × 3 non-numeric choices."""
+    found = 0
+    for bt, ut in itertools.product(range(16), range(16)):
+        left = layers - bt - ut
+        found += sum(min(63, left - b) + 1 for b in range(min(63, left) + 1))
+    return found * 6
+
+
+def test_a_grid_of_millions_is_counted_not_built() -> None:
+    tracemalloc.start()
+    try:
+        bomb = spec(grid=BOMB)
+        assert bomb.grid is not None
+        assert combinations(bomb.grid) == 64 * 64 * 16 * 16 * 2 * 3 == 6_291_456
+        for layers in (6, 32, 126):
+            assert fitting(bomb.grid, layers) == fitting_by_hand(layers)
+        # 2 pairs evaluated in memory, the best configuration written for each at the end.
+        assert planned_jobs(bomb, 6) == fitting_by_hand(6) * 2 + 2
+        with pytest.raises(SweepError) as refused:
+            check_space(spec(grid=BOMB, search={"strategy": "random", "trials": 5}), 32)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000, peak  # bytes: the 6 million configurations were never built
+    assert refused.value.field == "grid"
+    message = str(refused.value)
+    assert f"{fitting_by_hand(32)} configurations of the grid's 6291456 combinations" in message
+    assert "more than the 10000 a random search may choose among" in message
+
+
+def test_counted_sizes_are_what_the_expansion_builds() -> None:
+    rng = random.Random(5)
+    for case in range(40):
+        grid: dict[str, list[Any]] = {name: rng.sample(range(9), rng.randint(1, 4))  # no order
+                for name in ("bottom", "top", "bottom_transition", "top_transition")}  # fmt: skip
+        grid["transition_weights"] = rng.choice([["uniform"], ["magnitude", "uniform"]] * 2
+                                                + [["uniform", "uniform"]])  # fmt: skip
+        grid["non_layer"] = rng.choices(["average", "task", "language"], k=rng.randint(1, 3))
+        layers = rng.randint(1, 20)
+        body = spec(
+            grid=grid, baselines=rng.choice([[], [{"method": "soup"}, {"method": "experts"}]]),
+            keep=rng.choice(["best", "all", "none"]), in_memory=rng.random() < 0.5,
+            search=rng.choice([{}, {"strategy": "random", "trials": rng.randint(1, 30)}]),
+        )  # fmt: skip
+        by_product = [
+            p for p in itertools.product(*grid.values()) if sum(p[:4]) <= layers
+        ]  # every listed combination, then those that fit
+        assert body.grid is not None
+        assert combinations(body.grid) == math.prod(len(set(v)) for v in grid.values())
+        if not by_product:
+            with pytest.raises(SweepError):
+                space_size(body, layers)
+            continue
+        built = space(body, layers)
+        assert space_size(body, layers) == len(built) == len(set(by_product)), case
+        assert [tuple(p.model_dump().values())[:6] for p in built] == list(
+            dict.fromkeys(by_product)
+        )  # the product's order: seeded random samples and optuna's choices stay as they were
+        final = len(body.expert_pairs()) if body.evaluates_in_memory and body.keep == "best" else 0
+        expanded = job_count(trials(body, initial_configurations(body, layers))) + final
+        assert planned_jobs(body, layers) == expanded, case
