@@ -51,3 +51,8 @@ class Conflict(ServiceError):
 class Unauthorized(ServiceError):
     code = "unauthorized"
     status = 401
+
+
+class Forbidden(ServiceError):
+    code = "forbidden"
+    status = 403

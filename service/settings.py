@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     auth: bool = Field(False, description="require API keys (mandatory off loopback)")
     default_tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="with auth on, the bearer token /metrics requires (the operator's scraper; "
+        "no tenant's API key reads every tenant's counts); at least 32 characters",
+    )
     max_attempts: int = Field(3, ge=1)
     progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
     merge_device: str = Field(
@@ -174,6 +179,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
+        return value
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _operator_token(cls, value: SecretStr | None) -> SecretStr | None:
+        token = value.get_secret_value() if value is not None else ""
+        if value is not None and (len(token) < 32 or token.startswith("lsk_")):
+            raise ValueError(
+                "must be at least 32 characters (e.g. `openssl rand -hex 32`) and not an API "
+                "key (lsk_...)"
+            )
         return value
 
     @field_validator("hub_credentials", mode="before")

@@ -12,9 +12,18 @@ from pathlib import Path
 from service.errors import SourceNotAllowed, SourceNotFound
 from service.settings import Settings
 
+# Says where sources may lie without naming the server's directories (service/exposure.py).
+OUTSIDE = (
+    "is outside the allowed source directories: name a directory under the source root "
+    "(a relative path is relative to it), or one of your outputs as its `location` shows it"
+)
 
-def resolve_local(source: str, roots: list[Path], *, field: str = "source") -> Path:
-    """Absolute real path of `source` (relative ones are under the first root), or 422."""
+
+def resolve_local(
+    source: str, roots: list[Path], *, field: str = "source", show_roots: bool = True
+) -> Path:
+    """Absolute real path of `source` (relative ones are under the first root), or 422.
+    `show_roots`: the 422 lists the roots' absolute paths (for the operator, never a tenant)."""
     if "://" in source:
         raise SourceNotAllowed(
             f"{field}: {source}: only local checkpoint directories are supported here "
@@ -31,10 +40,10 @@ def resolve_local(source: str, roots: list[Path], *, field: str = "source") -> P
             f"{field}: not a usable path ({e.strerror})", details={"field": field}
         ) from None
     if not any(real.is_relative_to(root) for root in roots):
-        raise SourceNotAllowed(
-            f"{field}: {source} is outside the allowed source directories",
-            details={"field": field, "allowed_roots": [str(r) for r in roots]},
-        )
+        details: dict[str, object] = {"field": field}
+        if show_roots:
+            details["allowed_roots"] = [str(r) for r in roots]
+        raise SourceNotAllowed(f"{field}: {source} {OUTSIDE}", details=details)
     return real
 
 
@@ -43,13 +52,11 @@ def resolve_source(
 ) -> Path:
     """resolve_local under the configured roots, refusing other tenants' artifacts and (at
     submit time) directories that do not exist."""
-    real = resolve_local(source, settings.source_roots, field=field)
+    # With auth on the caller is a tenant: the server's directories are not theirs to see.
+    real = resolve_local(source, settings.source_roots, field=field, show_roots=not settings.auth)
     artifacts = settings.resolved_artifacts_dir
     if real.is_relative_to(artifacts) and not real.is_relative_to(artifacts / tenant):
-        raise SourceNotAllowed(
-            f"{field}: {source} is outside the allowed source directories",
-            details={"field": field},
-        )
+        raise SourceNotAllowed(f"{field}: {source} {OUTSIDE}", details={"field": field})
     if must_exist and not _is_directory(real, field):
         raise SourceNotFound(
             f"{field}: {source} is not a checkpoint directory", details={"field": field}

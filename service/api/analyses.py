@@ -12,6 +12,7 @@ from service.api import polling
 from service.api.deps import ContextDep, TenantDep
 from service.api.polling import CONDITIONAL, WaitQuery
 from service.errors import Conflict, NotFound
+from service.exposure import exposure_for
 from service.lineage import get_artifact
 from service.schemas import AnalysisCreate, JobRead, job_read
 from service.sources import resolve_source
@@ -36,7 +37,7 @@ def submit_analysis(
     if created:
         context.executor.dispatch(job.id, job.kind)
     response.headers["Location"] = f"/v1/analyses/{job.id}"
-    return job_read(job)
+    return exposure_for(context.settings).job(job_read(job))
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=CONDITIONAL)
@@ -44,8 +45,10 @@ async def get_analysis(
     job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
 ) -> Response:
     """The analysis; ETag / If-None-Match and long polling as for merges."""
+    shown = exposure_for(context.settings)  # its result names where its files lie
     return await polling.read_job(
-        request, context, tenant=tenant, job_id=job_id, kind="analysis", view=job_read, wait=wait,
+        request, context, tenant=tenant, job_id=job_id, kind="analysis",
+        view=lambda job: shown.job(job_read(job)), wait=wait,
         reusable=lambda _: True,  # job_read shows the job's row alone
     )  # fmt: skip
 

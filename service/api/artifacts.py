@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from service import jobs
 from service.api.deps import ContextDep, TenantDep
 from service.evaluations import score_dict, scores_of_artifact
+from service.exposure import exposure_for
 from service.lineage import artifact_dict, delete_artifact, get_artifact, graph
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
@@ -20,7 +21,11 @@ def read_artifact(artifact_id: str, context: ContextDep, tenant: TenantDep) -> d
     node in lineage graphs shows it)."""
     artifact = get_artifact(context.db, tenant=tenant, artifact_id=artifact_id)
     scores = scores_of_artifact(context.db, tenant, artifact_id)
-    return {**artifact_dict(artifact), "scores": [score_dict(s) for s in scores]}
+    shown = exposure_for(context.settings)  # its location is a server path
+    found: dict[str, Any] = shown.value(
+        {**artifact_dict(artifact), "scores": [score_dict(s) for s in scores]}
+    )
+    return found
 
 
 @router.get("/{artifact_id}/lineage")
@@ -31,7 +36,9 @@ def read_lineage(
     direction: Literal["ancestors", "descendants"] = "ancestors",
 ) -> dict[str, Any]:
     """Every artifact and job reachable from this one, several generations deep."""
-    return graph(context.db, tenant=tenant, artifact_id=artifact_id, direction=direction)
+    found = graph(context.db, tenant=tenant, artifact_id=artifact_id, direction=direction)
+    shown: dict[str, Any] = exposure_for(context.settings).value(found)  # artifact locations
+    return shown
 
 
 @router.get("/{artifact_id}/evaluations")

@@ -14,6 +14,7 @@ from service.api.streams import StreamSlots
 from service.auth import tenant_for
 from service.db.session import Database
 from service.jobs import Executor, ensure_tenant
+from service.operator import check_operator
 from service.settings import Settings
 
 
@@ -61,12 +62,13 @@ async def current_tenant(
 TenantDep = Annotated[str, Depends(current_tenant)]
 
 
-def api_key_if_auth(
+async def operator_if_auth(
     context: ContextDep, authorization: Annotated[str | None, Header()] = None
 ) -> None:
-    """For routes that are not a tenant's (metrics): with auth on, any valid key."""
+    """For routes that are no tenant's but the whole service's (metrics): with auth on, the
+    operator token (service/operator.py), never a tenant's API key."""
     if context.settings.auth:
-        tenant_for(context.db, authorization)
+        check_operator(context.settings.metrics_token, authorization)
 
 
-ApiKeyDep = Depends(api_key_if_auth)
+OperatorDep = Depends(operator_if_auth)

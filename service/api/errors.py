@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Program
 from starlette.exceptions import HTTPException
 
 from service.errors import ServiceError
+from service.exposure import Exposure, exposure_for
 from worker.engine.errors import (
     CheckpointError,
     EngineError,
@@ -84,17 +85,26 @@ def describe_invalid(errors: list[Any]) -> tuple[str, dict[str, Any]]:
     return error.message, error.details
 
 
+def exposure_of(request: Request) -> Exposure:
+    """What this service's answers may show of the server (service/exposure.py): its errors
+    carry paths the engine wrote (`<root>/math/config.json: missing`)."""
+    return exposure_for(request.app.state.context.settings)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def service_error(_: Request, e: ServiceError) -> JSONResponse:
-        return error_response(e.status, e.code, e.message, e.details)
+    async def service_error(request: Request, e: ServiceError) -> JSONResponse:
+        shown = exposure_of(request)
+        return error_response(e.status, e.code, shown.text(e.message), shown.value(e.details))
 
     @app.exception_handler(EngineError)
-    async def engine_error(_: Request, e: EngineError) -> JSONResponse:
+    async def engine_error(request: Request, e: EngineError) -> JSONResponse:
+        shown = exposure_of(request)
+        message, details = shown.text(e.message), shown.value(e.details)
         if isinstance(e, HubError):  # at submit time: pinning a source to its commit
             retry = 30 if e.http_status == 503 else None
-            return error_response(e.http_status, e.code, e.message, e.details, retry_after=retry)
-        return error_response(ENGINE_STATUS.get(type(e), 422), e.code, e.message, e.details)
+            return error_response(e.http_status, e.code, message, details, retry_after=retry)
+        return error_response(ENGINE_STATUS.get(type(e), 422), e.code, message, details)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:

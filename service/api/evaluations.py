@@ -24,6 +24,7 @@ from service.evaluations import (
     scores_of_job,
     target_of,
 )
+from service.exposure import exposure_for
 from service.schemas import JobPage, JobRead, job_read
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
@@ -33,7 +34,7 @@ def read_evaluation(context: Any, job: Any) -> JobRead:
     view = job_read(job)
     if job.status == jobs.SUCCEEDED:
         view.result = {**(job.result or {}), "scores": scores_of_job(context.db, job)}
-    return view
+    return exposure_for(context.settings).job(view)
 
 
 @router.post("", status_code=202, response_model=JobRead)

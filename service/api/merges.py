@@ -25,6 +25,7 @@ from service.changes import CHANGES
 from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.evaluations import check_spec, comparison
+from service.exposure import exposure_for
 from service.integrations.mlflow_registry import check_configured
 from service.lineage import get_artifact
 from service.preflight import check_headers
@@ -81,7 +82,7 @@ def read_job(context: Context, job: Job) -> JobRead:
                 else [],
             },
         }
-    return view
+    return exposure_for(context.settings).job(view)
 
 
 def loaded_output(job: Job) -> Artifact | None:
@@ -298,7 +299,11 @@ def merge_events(
             headers={"Cache-Control": "no-cache"},
         )
     found = jobs.events(context.db, tenant=tenant, job_id=job_id, after=start)
-    return [EventRead.model_validate(e, from_attributes=True) for e in found]
+    shown = exposure_for(context.settings)  # a failure's event carries its error
+    return [
+        EventRead(id=e.id, type=e.type, data=shown.value(e.data), created_at=e.created_at)
+        for e in found
+    ]
 
 
 async def _event_stream(
@@ -318,7 +323,8 @@ async def _event_stream(
             for event in found:
                 after = event.id
                 created = as_utc(event.created_at).isoformat()
-                data = json.dumps({"type": event.type, **event.data, "created_at": created})
+                shown = exposure_for(context.settings).value(event.data)
+                data = json.dumps({"type": event.type, **shown, "created_at": created})
                 yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
             if job.status in jobs.TERMINAL:
                 return

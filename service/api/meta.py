@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, Float, Select, case, cast, extract, func, 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from service.api.deps import ApiKeyDep, Context, ContextDep
+from service.api.deps import Context, ContextDep, OperatorDep
 from service.api.errors import error_response, is_database_outage
 from service.db.models import Job, JobEvent, as_utc, utcnow
 from worker.engine.recipe import (
@@ -37,7 +37,8 @@ METHOD_DOCS: dict[str, tuple[str, type[Any], str]] = {
 
 @router.get("/v1/methods")
 def methods() -> list[dict[str, Any]]:
-    """Merge methods and their parameters, with types, defaults and ranges (JSON Schema)."""
+    """Merge methods and their parameters, with types, defaults and ranges (JSON Schema). No
+    key needed: like /openapi.json it is made from the code alone (service/app.py)."""
     listed = []
     for name, (inputs, params, summary) in METHOD_DOCS.items():
         schema = params.model_json_schema(by_alias=True)
@@ -85,11 +86,11 @@ def readiness(context: Context) -> dict[str, str]:
     return body
 
 
-@router.get("/metrics", response_class=Response, dependencies=[ApiKeyDep])
+@router.get("/metrics", response_class=Response, dependencies=[OperatorDep])
 def metrics(context: ContextDep) -> Response:
     """Prometheus text format, computed in the database (aggregates only: the cost does not
-    grow with the number of jobs held in memory) so every process agrees. With auth on, any
-    valid API key may read it."""
+    grow with the number of jobs held in memory) so every process agrees. With auth on, only
+    the operator token (LAYERSWAP_METRICS_TOKEN) reads it: the counts are every tenant's."""
     with context.db.session() as session:
         lines = _job_lines(session) + _delivery_lines(session)
         durations = session.execute(duration_histogram(context.db.engine.dialect.name)).all()

@@ -1,18 +1,21 @@
 """The HTTP edge: body limits before parsing and authentication, trusted Host and Origin
-(DNS rebinding, cross-site requests), JSON-only bodies, /metrics behind a key, /readyz telling
-an outage from a bug."""
+(DNS rebinding, cross-site requests), JSON-only bodies, every route but a short public list
+behind a key, /metrics behind the operator's token, /readyz telling an outage from a bug."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from service.app import create_app
@@ -183,19 +186,135 @@ def test_a_body_that_is_not_sent_as_json_is_415(held: Service, content_type: str
     assert held.client.post("/v1/merges", content=padded(2000), headers=charset).status_code == 202
 
 
+# --- what answers without a key -------------------------------------------------------------
+
+# Public, auth on or off: the probes, and the API's own description (the OpenAPI schema, its
+# two UIs and the merge methods' parameters), made from the code alone: the same for every
+# deployment and every tenant. Every other route, one added later included, needs a key.
+PUBLIC = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/v1/methods"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/docs/oauth2-redirect"),
+    ("GET", "/redoc"),
+}
+
+
+def every_route(app: Any) -> set[tuple[str, str]]:
+    """(method, path template) of every route, those of included routers too; HEAD is
+    Starlette's echo of GET."""
+    return {
+        (method, route.path)
+        for route in iter_route_contexts(app.routes)
+        if route.path is not None
+        for method in (route.methods or set()) - {"HEAD"}
+    }
+
+
+def empty_body(method: str) -> dict[str, Any] | None:
+    """A well-formed JSON body where the method takes one (a body that is not JSON is refused,
+    422, before the key is asked for; `{}` reaches authentication)."""
+    return {} if method in ("POST", "PUT", "PATCH", "DELETE") else None
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "0123", path)
+
+
+def test_every_route_but_the_public_ones_needs_a_key(tmp_path: Path, examples: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(
+        tmp_path, url, examples, auth=True, job_executor=HeldExecutor(),
+        metrics_token=OPERATOR_TOKEN,
+    ) as s:  # fmt: skip
+        routes = every_route(s.client.app)
+        assert PUBLIC.issubset(routes)
+        assert {("POST", "/v1/merges"), ("GET", "/metrics")}.issubset(routes)
+        for method, path in sorted(routes):
+            response = s.client.request(method, concrete(path), json=empty_body(method))
+            if (method, path) in PUBLIC:
+                assert response.status_code == 200, (method, path, response.text[:300])
+            else:
+                assert error_of(response, 401)["code"] == "unauthorized", (method, path)
+        # With a tenant's key none is refused for want of one: the 401s above were the key's.
+        key = {"Authorization": f"Bearer {create_key(s.db, 'team-a')}"}
+        for method, path in sorted(routes - {("GET", "/metrics")}):
+            response = s.client.request(
+                method, concrete(path), headers=key, json=empty_body(method)
+            )
+            assert response.status_code not in (401, 403), (method, path, response.text[:300])
+
+
+def test_the_public_routes_show_nothing_of_the_server(tmp_path: Path, examples: Path) -> None:
+    secrets: dict[str, Any] = {
+        "hub_credentials": {"team-a": {"team-a-hub-token": "hf_" + "s" * 34}},
+        "metrics_token": OPERATOR_TOKEN,
+        "mlflow_tracking_uri": "https://layerswap:s3cret@mlflow.internal.example",
+        "broker_url": "redis://:redispw@redis.internal.example:6379/0",
+    }
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, auth=True, **secrets) as s:
+        for method, path in sorted(PUBLIC):
+            response = s.client.request(method, path)
+            assert response.status_code == 200, path
+            for hidden in (str(tmp_path), "team-a-hub-token", "hf_sss", OPERATOR_TOKEN,
+                           "s3cret", "mlflow.internal", "redispw", "redis.internal"):  # fmt: skip
+                assert hidden not in response.text, (path, hidden)
+
+
 # --- /metrics and /readyz -------------------------------------------------------------------
 
 
-def test_metrics_need_a_key_when_auth_is_on(
+OPERATOR_TOKEN = "op-" + "7" * 40
+
+
+def test_metrics_need_the_operator_token_when_auth_is_on(
     tmp_path: Path, database_url: str, examples: Path
 ) -> None:
-    with running_service(tmp_path, database_url, examples, auth=True) as s:
+    """They count every tenant's jobs: a tenant's key is refused, valid or not (403, told
+    apart by its prefix alone), the operator's scraper token reads them."""
+    token: dict[str, Any] = {"metrics_token": OPERATOR_TOKEN}
+    with running_service(tmp_path, database_url, examples, auth=True, **token) as s:
         assert error_of(s.client.get("/metrics"), 401)["code"] == "unauthorized"
-        wrong = {"Authorization": "Bearer lsk_not-a-key"}
-        assert error_of(s.client.get("/metrics", headers=wrong), 401)["code"] == "unauthorized"
         key = create_key(s.db, "team-a")
-        answer = s.client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+        for tenant_key in (key, "lsk_not-a-key"):
+            refused = s.client.get("/metrics", headers={"Authorization": f"Bearer {tenant_key}"})
+            assert error_of(refused, 403)["code"] == "forbidden"
+        for wrong in (f"Bearer {OPERATOR_TOKEN}x", f"Basic {OPERATOR_TOKEN}", OPERATOR_TOKEN,
+                      "Bearer " + OPERATOR_TOKEN[:-1], "Bearer"):  # fmt: skip
+            refused = s.client.get("/metrics", headers={"Authorization": wrong})
+            assert error_of(refused, 401)["code"] == "unauthorized", wrong
+        answer = s.client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
         assert answer.status_code == 200 and "layerswap_jobs" in answer.text
+        # The token reads nothing of a tenant's.
+        tenant_route = s.client.get(
+            "/v1/merges", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        )
+        assert error_of(tenant_route, 401)["code"] == "unauthorized"
+
+
+def test_metrics_without_a_configured_token_are_closed_with_auth_on_open_without(
+    tmp_path: Path, examples: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'layerswap.db'}"
+    with running_service(tmp_path, url, examples, auth=True, job_executor=HeldExecutor()) as s:
+        error = error_of(s.client.get("/metrics"), 401)
+        assert "LAYERSWAP_METRICS_TOKEN" in error["message"]
+        key = create_key(s.db, "team-a")
+        refused = s.client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+        assert error_of(refused, 403)["code"] == "forbidden"
+    with running_service(tmp_path, url, examples, job_executor=HeldExecutor()) as s:
+        assert s.client.get("/metrics").status_code == 200  # loopback, its one user
+
+
+def test_a_weak_or_key_like_metrics_token_is_refused_at_start(tmp_path: Path) -> None:
+    for weak in ("short", "lsk_" + "x" * 40):
+        with pytest.raises(ValidationError, match="at least 32 characters") as refused:
+            Settings(data_dir=tmp_path, auth=True, metrics_token=weak)
+        assert weak not in str(refused.value)  # a refused secret is never echoed
+    assert Settings(data_dir=tmp_path, metrics_token=OPERATOR_TOKEN).metrics_token is not None
 
 
 class BrokenProbeExecutor(HeldExecutor):

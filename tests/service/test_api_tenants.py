@@ -50,6 +50,11 @@ def wait_as(service: Service, key: str, job_id: str, kind: str = "merges") -> di
         time.sleep(0.05)
 
 
+def on_disk(service: Service, location: str) -> Path:
+    """Where a location a tenant is shown lies: it is relative to the source root."""
+    return (service.settings.source_roots[0] / location).resolve()
+
+
 def layerswap(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSWAP_")}
     return subprocess.run(
@@ -220,12 +225,12 @@ def test_a_tenant_cannot_delete_another_tenants_artifact(secured_held: Service) 
         theirs = service.client.delete(f"/v1/artifacts/{artifact_id}", headers=bearer(b))
         assert theirs.status_code == 404, theirs.text
         assert theirs.json()["error"]["code"] == "not_found"
-    assert Path(output["location"]).is_dir()
+    assert on_disk(service, output["location"]).is_dir()
     seen = service.client.get(f"/v1/artifacts/{output['artifact_id']}", headers=bearer(a))
     assert seen.json()["deleted_at"] is None
     mine = service.client.delete(f"/v1/artifacts/{output['artifact_id']}", headers=bearer(a))
     assert mine.status_code == 204
-    assert not Path(output["location"]).exists()
+    assert not on_disk(service, output["location"]).exists()
 
 
 def test_a_tenant_cannot_merge_another_tenants_artifact_by_path(secured: Service) -> None:
@@ -234,8 +239,10 @@ def test_a_tenant_cannot_merge_another_tenants_artifact_by_path(secured: Service
     job = secured.client.post(
         "/v1/merges", json={**layer_swap(), "output": {"name": "secret"}}, headers=bearer(a)
     ).json()
-    location = Path(wait_as(secured, a, job["id"])["output"]["location"])
-    for source in [str(location), "../artifacts/a/secret", "../artifacts/a/../a/secret"]:
+    location = wait_as(secured, a, job["id"])["output"]["location"]
+    assert location == "../artifacts/a/secret"  # as a's sources name it
+    absolute = str(on_disk(secured, location))  # a path b might guess
+    for source in [absolute, location, "../artifacts/a/../a/secret"]:
         body = {"method": "soup", "models": [source, "swh"]}
         theirs = secured.client.post("/v1/merges", json=body, headers=bearer(b))
         assert theirs.status_code == 422, (source, theirs.text)
