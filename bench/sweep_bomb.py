@@ -2,7 +2,8 @@
 lists 64 × 64 × 16 × 16 × 2 × 3 values (6,291,456 combinations; 1,260 fit the example models'
 6 layers, more than the default budget of 200 jobs) against a fresh `layerswap serve` (SQLite,
 in-process executor) on the tiny example models. Reports the answer's status, the time to it,
-and the API process's resident memory before the request and at its peak (VmHWM).
+and the API process's resident memory before the request and at its peak (VmHWM). A small
+sweep refused at its budget goes first, so the checks every request pays are not counted.
 
 The server is watched so that code which builds the grid cannot take the machine's memory: it
 is killed after --timeout seconds or once its RSS passes --rss-limit-gb (then the figures read
@@ -119,6 +120,15 @@ def ready(base_url: str) -> bool:
         return False
 
 
+def warm_up(base_url: str) -> None:
+    """A small sweep refused at its budget: the checks on the way (lm-eval's task index, the
+    sources, the model's depth) are paid here, so the measured request costs only its grid."""
+    small = {**bomb(), "grid": {"bottom": list(range(6)), "top": [0, 1]}, "budget": 5}
+    response = httpx.post(f"{base_url}/v1/sweeps", json=small, timeout=120, trust_env=False)
+    if response.status_code != 422 or "budget" not in response.text:
+        raise RuntimeError(f"warm-up: {response.status_code} {response.text[:300]}")
+
+
 def post(base_url: str, answer: dict[str, object]) -> None:
     try:
         response = httpx.post(f"{base_url}/v1/sweeps", json=bomb(), timeout=None, trust_env=False)
@@ -132,6 +142,7 @@ def measure(code: Path | None, timeout: float, limit: int) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="sweep-bomb-") as tmp:
         server, base_url = start(Path(tmp), code)
         try:
+            warm_up(base_url)
             idle = proc_kib(server.pid, "VmRSS")
             cap = proc_kib(server.pid, "VmSize") + limit
             resource.prlimit(server.pid, resource.RLIMIT_AS, (cap, cap))
@@ -175,18 +186,19 @@ def row(outcome: Outcome) -> str:
     return (
         f"| {outcome.code} | {outcome.status} | {more}{outcome.seconds:.2f} s | "
         f"{outcome.idle_rss / GIB:.2f} GB | {more}{outcome.peak_rss / GIB:.2f} GB | "
-        f"{outcome.message[:160]} |"
+        f"{outcome.message[:300]} |"
     )
 
 
-def report(outcomes: list[Outcome], timeout: float, limit_gb: float) -> str:
-    body = bomb()
-    size = len(httpx.Request("POST", "http://x", json=body).content)
+def report(outcomes: list[Outcome], timeout: float, limit_gb: float, load: float) -> str:
+    size = len(httpx.Request("POST", "http://x", json=bomb()).content)
+    command = " ".join([".venv/bin/python", "bench/sweep_bomb.py", *sys.argv[1:]])
     lines = [
         f"# POST /v1/sweeps with a {size}-byte grid of 64 × 64 × 16 × 16 × 2 × 3 values",
         "",
-        f"`.venv/bin/python bench/sweep_bomb.py` on {os.cpu_count()} CPUs; a fresh `layerswap "
-        f"serve` per run; killed past {timeout:.0f} s or {limit_gb:.1f} GB RSS (then '>').",
+        f"`{command}` on {os.cpu_count()} CPUs (load average {load:.1f} at the start); a fresh "
+        "`layerswap serve` per run, warmed up by a small sweep refused at its budget (RSS idle "
+        f"is after it); killed past {timeout:.0f} s or {limit_gb:.1f} GB RSS (then '>').",
         "",
         "| code | status | time to answer | RSS idle | peak RSS (VmHWM) | message |",
         "|---|---|---:|---:|---:|---|",
@@ -205,11 +217,12 @@ def main() -> None:
     parser.add_argument("--rss-limit-gb", type=float, default=3.0)
     args = parser.parse_args()
     limit = int(args.rss_limit_gb * GIB)
+    load = os.getloadavg()[0]
     outcomes = []
     if args.before is not None:
         outcomes.append(measure(args.before.resolve(), args.timeout, limit))
     outcomes.append(measure(args.after.resolve() if args.after else None, args.timeout, limit))
-    text = report(outcomes, args.timeout, args.rss_limit_gb)
+    text = report(outcomes, args.timeout, args.rss_limit_gb, load)
     sys.stdout.write(text)
     if args.before is not None:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
