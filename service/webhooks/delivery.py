@@ -341,6 +341,7 @@ class Deliverer:
         parts = urlsplit(prepared.url)
         headers = {
             "content-type": "application/json",
+            "accept-encoding": "identity",  # an error answer's excerpt is read as it comes
             "user-agent": "Layerswap-Webhooks/0.1",
             "webhook-id": event.id,
             "webhook-timestamp": str(int(now.timestamp())),
@@ -366,36 +367,7 @@ class Deliverer:
         self, delivery: WebhookDelivery, attempt: int, outcome: Outcome, seconds: float
     ) -> None:
         now = utcnow()
-        entry = {
-            "attempt": attempt,
-            "at": now.isoformat(),
-            "status_code": outcome.status_code,
-            "error": outcome.error,
-            "duration_ms": round(seconds * 1000, 1),
-        }
-        values: dict[str, Any] = {
-            "attempt_log": [*delivery.attempt_log, entry],
-            "locked_until": None,
-            "last_error": outcome.error,
-        }
-        if outcome.error is None:
-            values.update(status=DELIVERED, finished_at=now)
-        elif outcome.gone or not outcome.retry:
-            values.update(status=FAILED, finished_at=now)
-        else:
-            delay = retry_delay(attempt, self.settings.webhook_retry_base_s)
-            if outcome.retry_after_s is not None:
-                delay = max(delay, outcome.retry_after_s)
-                entry["retry_after_s"] = outcome.retry_after_s
-            deadline = as_utc(delivery.created_at) + timedelta(
-                seconds=self.settings.webhook_retry_window_s
-            )
-            if now + timedelta(seconds=delay) > deadline:
-                values.update(status=FAILED, finished_at=now)
-                values["last_error"] = f"gave up after {attempt} attempts: {outcome.error}"
-            else:
-                values["next_attempt_at"] = now + timedelta(seconds=delay)
-                entry["next_attempt_at"] = values["next_attempt_at"].isoformat()
+        values = self._after(delivery, attempt, outcome, now, seconds)
         with self.db.session() as session:
             moved: Any = session.execute(
                 update(WebhookDelivery)
@@ -410,6 +382,42 @@ class Deliverer:
         level = logging.INFO if outcome.error is None else logging.WARNING
         log.log(level, "webhook %s attempt %d to %s: %s", delivery.event_id, attempt,
                 delivery.url, outcome.error or outcome.status_code)  # fmt: skip
+
+    def _after(
+        self,
+        delivery: WebhookDelivery,
+        attempt: int,
+        outcome: Outcome,
+        now: datetime,
+        seconds: float,
+    ) -> dict[str, Any]:
+        """The delivery's columns after this attempt: delivered, failed for good, or due again
+        (the retry schedule, Retry-After, within the retry window); the attempt logged."""
+        entry: dict[str, Any] = {
+            "attempt": attempt,
+            "at": now.isoformat(),
+            "status_code": outcome.status_code,
+            "error": outcome.error,
+            "duration_ms": round(seconds * 1000, 1),
+        }
+        values: dict[str, Any] = {
+            "attempt_log": [*delivery.attempt_log, entry],
+            "locked_until": None,
+            "last_error": outcome.error,
+        }
+        if outcome.error is None or outcome.gone or not outcome.retry:
+            return {**values, "status": FAILED if outcome.error else DELIVERED, "finished_at": now}
+        delay = retry_delay(attempt, self.settings.webhook_retry_base_s)
+        if outcome.retry_after_s is not None:
+            delay = max(delay, outcome.retry_after_s)
+            entry["retry_after_s"] = outcome.retry_after_s
+        window = timedelta(seconds=self.settings.webhook_retry_window_s)
+        if now + timedelta(seconds=delay) > as_utc(delivery.created_at) + window:
+            error = f"gave up after {attempt} attempts: {outcome.error}"
+            return {**values, "status": FAILED, "finished_at": now, "last_error": error}
+        values["next_attempt_at"] = now + timedelta(seconds=delay)
+        entry["next_attempt_at"] = values["next_attempt_at"].isoformat()
+        return values
 
 
 def disable(session: Any, endpoint_id: str, reason: str) -> None:

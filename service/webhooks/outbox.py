@@ -67,17 +67,7 @@ def emit(
     """Queue `type_` for every endpoint of `tenant` subscribed to it, and for `one_off_url`;
     nothing is written when no one listens."""
     assert type_ in EVENT_TYPES, type_
-    endpoints = [
-        e
-        for e in session.scalars(
-            select(WebhookEndpoint).where(
-                WebhookEndpoint.tenant_id == tenant,
-                WebhookEndpoint.deleted_at.is_(None),
-                WebhookEndpoint.disabled_at.is_(None),
-            )
-        )
-        if type_ in e.events
-    ]
+    endpoints = subscribed(session, tenant, type_)
     if not endpoints and one_off_url is None:
         return None
     now = utcnow()
@@ -103,6 +93,18 @@ def emit(
             )
         )  # fmt: skip
     return event
+
+
+def subscribed(session: Session, tenant: str, type_: str) -> list[WebhookEndpoint]:
+    """The tenant's live endpoints that want `type_`."""
+    live = session.scalars(
+        select(WebhookEndpoint).where(
+            WebhookEndpoint.tenant_id == tenant,
+            WebhookEndpoint.deleted_at.is_(None),
+            WebhookEndpoint.disabled_at.is_(None),
+        )
+    )
+    return [e for e in live if type_ in e.events]
 
 
 def fail_pending(session: Session, endpoint_id: str, why: str) -> None:

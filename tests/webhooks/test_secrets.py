@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from service.db.migrate import upgrade
+from service.settings import Settings
 from tests.distributed.conftest import free_port
 from tests.service.conftest import Service, running_service
 from tests.webhooks.conftest import FAST, announce
@@ -163,6 +165,15 @@ def test_plaintext_secrets_of_an_older_release_are_encrypted_and_keep_signing(
         assert "whsec_" not in tenants
         assert service.client.get("/v1/webhooks/secret").json()["secret"] == one_off
         assert verifies(plain, next_event(service, receiver))  # the receiver changes nothing
+
+
+def test_the_keys_setting_takes_a_json_list_or_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    for value in (f'["{first}", "{second}"]', f"{first}, {second}", f"{first},{second}"):
+        monkeypatch.setenv("LAYERSWAP_WEBHOOK_SECRET_KEYS", value)
+        keys = Settings().webhook_secret_keys
+        assert [k.get_secret_value() for k in keys] == [first, second]
+        assert first not in repr(Settings())  # never shown
 
 
 def serve_until_exit(tmp_path: Path, url: str, **env: str) -> subprocess.CompletedProcess[str]:
