@@ -16,8 +16,8 @@ is killed after --timeout seconds or once its RSS passes --rss-limit-gb (then th
 
 --before and --after name checkouts (e.g. `git archive` exports) whose service/ and worker/
 packages run instead of the editable install's, on this virtual environment; --after defaults
-to the installed code. With --before, the report (both runs) is written to
-bench/figures/sweep-bomb-<sha>.md.
+to the installed code. --out writes the report (every run) to a file as well, e.g.
+bench/figures/sweep-bomb-<the after code's short sha>.md.
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--rss-limit-gb", type=float, default=3.0)
+    parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
     limit = int(args.rss_limit_gb * GIB)
     load = os.getloadavg()[0]
@@ -224,10 +225,8 @@ def main() -> None:
     outcomes.append(measure(args.after.resolve() if args.after else None, args.timeout, limit))
     text = report(outcomes, args.timeout, args.rss_limit_gb, load)
     sys.stdout.write(text)
-    if args.before is not None:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                             capture_output=True, check=True).stdout.strip()  # fmt: skip
-        (ROOT / "bench" / "figures" / f"sweep-bomb-{sha}.md").write_text(text, encoding="utf-8")
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
