@@ -135,6 +135,11 @@ class Deliverer:
 
     def start(self) -> None:
         prepare(self.db, self.box)  # keys that cannot decrypt the stored secrets stop the start
+        if not self.db.is_sqlite and not self.settings.webhook_secret_keys:
+            log.info(
+                "webhook secrets are encrypted with %s; API processes on other hosts need the "
+                "same key: set LAYERSWAP_WEBHOOK_SECRET_KEYS", self.box.source,
+            )  # fmt: skip
         self._thread.start()
 
     def stop(self) -> None:
