@@ -5,7 +5,6 @@ retry after a dropped response never creates a second job."""
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import time
@@ -105,6 +104,16 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params).json()
 
+    def pages(self, path: str, **params: Any) -> Iterator[Any]:
+        """Every item of a cursor-paginated list, fetched a page at a time as you iterate."""
+        cursor = None
+        while True:
+            page = self.get(path, cursor=cursor, **params)
+            yield from page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
 
 class Jobs:
     """Merges, evaluations or analyses (`collection`)."""
@@ -125,16 +134,8 @@ class Jobs:
         self, *, status: str | None = None, page_size: int = 50, **filters: Any
     ) -> Iterator[Job]:
         """Every job, newest first, fetched page by page as you iterate."""
-        cursor = None
-        while True:
-            page = self._client.get(
-                self._path, status=status, limit=page_size, cursor=cursor, **filters
-            )
-            for item in page["items"]:
-                yield Job.model_validate(item)
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return
+        for item in self._client.pages(self._path, status=status, limit=page_size, **filters):
+            yield Job.model_validate(item)
 
     def cancel(self, job_id: str) -> Job:
         response = self._client.request(
@@ -278,23 +279,32 @@ class Webhooks:
         response = self._client.request("POST", "/v1/webhooks", json=body, safe_to_resend=False)
         return WebhookEndpoint.model_validate(response.json())
 
-    def list(self) -> list[WebhookEndpoint]:
+    def list(self, *, page_size: int = 50) -> list[WebhookEndpoint]:
+        """Every endpoint, oldest first (a tenant has at most the server's cap of them)."""
         return [
-            WebhookEndpoint.model_validate(e) for e in self._client.get("/v1/webhooks")["items"]
+            WebhookEndpoint.model_validate(e)
+            for e in self._client.pages("/v1/webhooks", limit=page_size)
         ]
 
     def delete(self, endpoint_id: str) -> None:
         self._client.request("DELETE", f"/v1/webhooks/{endpoint_id}", safe_to_resend=True)
 
-    def rotate_secret(self, endpoint_id: str) -> WebhookEndpoint:
-        response = self._client.request("POST", f"/v1/webhooks/{endpoint_id}/rotate-secret")
+    def rotate_secret(self, endpoint_id: str, *, overlap_s: float | None = None) -> WebhookEndpoint:
+        """A new signing secret; the old one also signs for `overlap_s` seconds (default: the
+        server's setting), so receivers can switch without dropping an event."""
+        body = None if overlap_s is None else {"overlap_s": overlap_s}
+        response = self._client.request(
+            "POST", f"/v1/webhooks/{endpoint_id}/rotate-secret", json=body
+        )
         return WebhookEndpoint.model_validate(response.json())
 
     def deliveries(
-        self, endpoint_id: str, *, status: str | None = None
-    ) -> builtins.list[WebhookDelivery]:
-        found = self._client.get(f"/v1/webhooks/{endpoint_id}/deliveries", status=status)
-        return [WebhookDelivery.model_validate(d) for d in found["items"]]
+        self, endpoint_id: str, *, status: str | None = None, page_size: int = 50
+    ) -> Iterator[WebhookDelivery]:
+        """The endpoint's deliveries, newest first, fetched page by page as you iterate."""
+        path = f"/v1/webhooks/{endpoint_id}/deliveries"
+        for item in self._client.pages(path, status=status, limit=page_size):
+            yield WebhookDelivery.model_validate(item)
 
     def replay(self, delivery_id: str) -> WebhookDelivery:
         response = self._client.request("POST", f"/v1/webhooks/deliveries/{delivery_id}/replay")

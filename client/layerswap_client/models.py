@@ -88,6 +88,7 @@ class WebhookEndpoint(_Model):
     description: str = ""
     status: str = "enabled"
     secret: str | None = None  # only when created or rotated
+    previous_secret_expires_at: datetime | None = None  # until then the old secret signs too
 
 
 class WebhookDelivery(_Model):

@@ -162,3 +162,20 @@ def test_webhooks_through_the_client_verify_with_its_helper(live: Live) -> None:
             assert delivery.status == "delivered" and delivery.webhook_id == received.webhook_id
     finally:
         receiver.stop()
+
+
+def test_webhook_lists_follow_pages_and_rotation_keeps_the_old_secret(live: Live) -> None:
+    receiver = Receiver().start()  # never called: no event is subscribed to
+    with Client(live.url) as client:
+        created = [
+            client.webhooks.create(f"{receiver.url}/{i}", events=["sweep.completed"])
+            for i in range(3)
+        ]
+        listed = client.webhooks.list(page_size=2)  # two pages
+        assert [e.id for e in listed] == [e.id for e in created]
+        rotated = client.webhooks.rotate_secret(created[0].id, overlap_s=600)
+        assert rotated.secret not in (None, created[0].secret)
+        assert rotated.previous_secret_expires_at is not None
+        immediate = client.webhooks.rotate_secret(created[1].id, overlap_s=0)
+        assert immediate.previous_secret_expires_at is None
+    receiver.stop()
