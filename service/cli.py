@@ -9,12 +9,15 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
 from service.remote_cli import add_remote_commands
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -403,6 +406,7 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
     for root in settings.source_roots:
         root.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database)
+    check_webhook_keys(settings)
     click.echo(
         f"layerswap: serving on http://{settings.host}:{settings.port} "
         f"(database {settings.database.split('@')[-1]}, executor {settings.executor}, "
@@ -417,6 +421,19 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
         "service.app:app_from_environment", factory=True, workers=workers,
         host=settings.host, port=settings.port, log_level="info",
     )  # fmt: skip
+
+
+def check_webhook_keys(settings: Settings) -> None:
+    """Keys that cannot decrypt the stored webhook secrets stop the start in one line, before
+    the API is up (its start-up would say the same under a traceback)."""
+    from service.db.session import Database
+    from service.webhooks.encryption import SecretKeyError, box_for, prepare
+
+    try:
+        prepare(Database(settings.database), box_for(settings))
+    except SecretKeyError as e:
+        click.echo(f"layerswap: error [invalid_settings]: {e}", err=True)
+        sys.exit(2)
 
 
 @cli.command()

@@ -213,6 +213,9 @@ def test_keys_that_cannot_decrypt_the_stored_secrets_stop_the_start(
     output = missing.stderr + missing.stdout
     assert "cannot be decrypted with the keys from the key file" in output
     assert "set LAYERSWAP_WEBHOOK_SECRET_KEYS" in output
+    for refused in (wrong, missing):  # one line, before the API starts
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert refused.stderr.startswith("layerswap: error [invalid_settings]: ")
 
     malformed = serve_until_exit(tmp_path, database_url, LAYERSWAP_WEBHOOK_SECRET_KEYS="nope")
     assert malformed.returncode != 0
