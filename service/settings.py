@@ -185,6 +185,8 @@ class Settings(BaseSettings):
     @classmethod
     def _operator_token(cls, value: SecretStr | None) -> SecretStr | None:
         token = value.get_secret_value() if value is not None else ""
+        if value is not None and not token:
+            return None  # set but empty, as a compose file passes an unset variable on: none
         if value is not None and (len(token) < 32 or token.startswith("lsk_")):
             raise ValueError(
                 "must be at least 32 characters (e.g. `openssl rand -hex 32`) and not an API "

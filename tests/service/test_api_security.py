@@ -315,6 +315,8 @@ def test_a_weak_or_key_like_metrics_token_is_refused_at_start(tmp_path: Path) ->
             Settings(data_dir=tmp_path, auth=True, metrics_token=weak)
         assert weak not in str(refused.value)  # a refused secret is never echoed
     assert Settings(data_dir=tmp_path, metrics_token=OPERATOR_TOKEN).metrics_token is not None
+    # the compose file passes an unset variable on as an empty one: /metrics stays closed
+    assert Settings(data_dir=tmp_path, auth=True, metrics_token="").metrics_token is None
 
 
 class BrokenProbeExecutor(HeldExecutor):
