@@ -8,7 +8,7 @@ from pathlib import Path
 from worker.engine.checkpoint import Checkpoint, layer_index
 from worker.engine.errors import EngineError, RecipeError
 from worker.engine.limits import MAX_WEIGHT_FILES
-from worker.engine.methods import BUILDERS, NEEDS_LAYERS, Inputs, MethodPlan
+from worker.engine.methods import BUILDERS, Inputs, MethodPlan
 from worker.engine.plan import InputRef, Plan, Shard, TensorPlan, Term
 from worker.engine.progress import CancelCheck
 from worker.engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
@@ -47,9 +47,6 @@ def make_plan(
         for ref in refs:
             checkpoints.append(Checkpoint.open(Path(ref.path)))
         check_compatible(refs, checkpoints)
-        if recipe.method in NEEDS_LAYERS:
-            for ckpt in checkpoints:
-                ckpt.require_layers(recipe.method)
         inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
         method = BUILDERS[recipe.method](recipe, inputs)
         plan = _assemble(recipe, refs, checkpoints, method)

@@ -17,9 +17,4 @@ BUILDERS: dict[str, Callable[..., MethodPlan]] = {
     "ties": plan_ties,
 }
 
-# Methods whose rule depends on a tensor's layer: they refuse a checkpoint whose layer stack is
-# not recognised by name instead of treating every layer as a non-layer tensor. The others
-# merge all tensors alike and work for any naming scheme.
-NEEDS_LAYERS = frozenset({"layer_swap"})
-
-__all__ = ["BUILDERS", "NEEDS_LAYERS", "Inputs", "MethodPlan"]
+__all__ = ["BUILDERS", "Inputs", "MethodPlan"]

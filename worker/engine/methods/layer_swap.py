@@ -45,6 +45,8 @@ def check_fits(recipe: LayerSwapRecipe, num_layers: int) -> None:
 
 
 def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
+    for checkpoint in inputs.checkpoints:  # never a layer stack taken for non-layer tensors
+        checkpoint.require_layers(recipe.method)
     q = recipe.params
     num_layers = inputs.checkpoints[0].num_layers
     check_fits(recipe, num_layers)
