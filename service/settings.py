@@ -162,6 +162,25 @@ class Settings(BaseSettings):
         description="the MLflow tracking server whose Model Registry merges with output.mlflow "
         "are registered in",
     )
+    # Outside systems never hold a job for long: each call has a deadline for the whole of it.
+    openlineage_timeout_s: float = Field(
+        10.0, gt=0, le=300,
+        description="the longest sending one OpenLineage event may take, retries included; "
+        "then it is abandoned (logged), the job unaffected",
+    )  # fmt: skip
+    mlflow_timeout_s: float = Field(
+        120.0, gt=0, le=3600,
+        description="the longest registering a merge in MLflow (or tagging its scores) may "
+        "take, retries included; then it fails with mlflow_failed",
+    )  # fmt: skip
+    hub_timeout_s: float = Field(
+        60.0, gt=0, le=3600,
+        description="a Hub request that gets no answer for this long, or is answered slower "
+        "than hub_min_bytes_per_s over this long, fails with hub_timeout",
+    )  # fmt: skip
+    hub_min_bytes_per_s: int = Field(
+        1024, ge=1, description="the slowest answer from the Hub a request waits for"
+    )
 
     @field_validator("webhook_allowed_networks")
     @classmethod

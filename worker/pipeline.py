@@ -34,6 +34,7 @@ from worker.engine.errors import (
     OutputError,
     is_disk_full,
 )
+from worker.hub import timeouts as hub_timeouts
 from worker.lease import JobLease, LeaseLost, settle, write_with_retry
 from worker.outputs import identical_output, made_by, published_by_earlier_attempt, remove_leftovers
 
@@ -45,6 +46,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
 
     A delivery for a job that is running elsewhere, finished or canceled does nothing, so a
     broker may deliver twice and the reconciler may re-dispatch freely."""
+    hub_timeouts.configure(settings.hub_timeout_s, settings.hub_min_bytes_per_s)
     attempt = jobs.claim(db, job_id)
     if attempt is None:
         log.info("job %s: not queued (running elsewhere or finished); delivery ignored", job_id)
@@ -53,8 +55,10 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
         job = session.get(Job, job_id)
         assert job is not None
     log.info("job %s: attempt %d started", job_id, attempt)
-    openlineage.job_started(db, settings, job_id, attempt)
     with JobLease(db, job_id, attempt, settings) as lease:
+        # Only once the lease beats, and only queued here (sent by a thread of its own): a
+        # lineage backend that is slow or stuck neither delays a job nor makes it look dead.
+        openlineage.job_started(db, settings, job_id, attempt)
         try:
             kind_of(job.kind).run()(job, db, settings, lease)
         except LeaseLost:
@@ -213,7 +217,8 @@ def _register(
         for i in result.manifest["inputs"]
     ]
     return mlflow_registry.register(
-        settings, job_id=job.id, request=job.request, destination=recipe.output.mlflow,
+        settings, tenant=job.tenant_id, job_id=job.id, request=job.request,
+        destination=recipe.output.mlflow,
         files=result.files, plan_digest=result.plan_digest, sources=sources,
         published=published, artifact_hint=f"/v1/merges/{job.id}",
     )  # fmt: skip

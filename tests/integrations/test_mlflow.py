@@ -71,7 +71,7 @@ def test_a_merge_becomes_a_model_version_with_its_lineage(
 
     # A retried attempt (registered, then died before recording) finds its version.
     again = mlflow_registry.register(
-        service.settings, job_id=job["id"], request=job["request"],
+        service.settings, tenant="default", job_id=job["id"], request=job["request"],
         destination=MlflowDestination(registered_model="swaps", alias="champion"),
         files={f["name"]: f["sha256"] for f in job["output"]["files"]},
         plan_digest=job["plan_digest"], sources=inputs, published=None,

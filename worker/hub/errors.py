@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from worker.engine.errors import DiskFull, EngineError, is_disk_full
+from worker.hub.timeouts import HubStalled, install
 
 
 class HubError(EngineError):
@@ -52,6 +53,14 @@ class HubUnavailable(HubError):
     http_status = 503
 
 
+class HubTimeout(HubError):
+    """The Hub stopped answering a request, or answered it too slowly (worker/hub/timeouts.py).
+    Not retried: a stuck Hub would only hold the job longer."""
+
+    code = "hub_timeout"
+    http_status = 504
+
+
 class HubRejected(HubError):
     """The Hub refused the request as malformed (HTTP 400, 413, 422): asking again would get the
     same answer, so it is not retried."""
@@ -77,9 +86,12 @@ def hub_errors(what: str) -> Iterator[None]:
     token (the client never puts one in a message)."""
     from huggingface_hub import errors as hf
 
+    install()  # every Hub request goes through here: its session is a bounded one
     unreachable: tuple[type[BaseException], ...] = (OSError, *_transport_errors())
     try:
         yield
+    except HubStalled as e:
+        raise HubTimeout(f"{what}: {e}") from None
     except hf.GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
         raise HubGated(f"{what}: gated repository; the credential has no access to it") from None
     except hf.RepositoryNotFoundError:
@@ -102,7 +114,7 @@ def hub_errors(what: str) -> Iterator[None]:
         raise HubUnavailable(f"{what}: the Hub answered HTTP {status}") from None
     except RuntimeError as e:  # how the client reports a failed LFS upload, the cause inside
         cause = e.__cause__
-        if cause is None or not isinstance(cause, (hf.HfHubHTTPError, *unreachable)):
+        if cause is None or not isinstance(cause, (hf.HfHubHTTPError, HubStalled, *unreachable)):
             raise
         with hub_errors(f"{what}: {e}".rstrip(".")):
             raise cause from None
