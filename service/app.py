@@ -26,6 +26,7 @@ from service.jobs import Executor
 from service.reconciler import Reconciler
 from service.settings import Settings
 from service.webhooks.delivery import Deliverer
+from worker.hub import timeouts as hub_timeouts
 
 
 def make_executor(db: Database, settings: Settings) -> Executor:
@@ -39,6 +40,7 @@ def make_executor(db: Database, settings: Settings) -> Executor:
 def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
     """The schema must already be migrated (`layerswap db upgrade`; `serve` does it)."""
     db = Database(settings.database)
+    hub_timeouts.configure(settings.hub_timeout_s, settings.hub_min_bytes_per_s)  # submit pins
     if executor is None:
         executor = make_executor(db, settings)
     context = Context(settings=settings, db=db, executor=executor)

@@ -15,7 +15,6 @@ Hub would only hold the job that much longer. hub_errors turns it into HubTimeou
 
 from __future__ import annotations
 
-import os
 import ssl
 import threading
 import time
@@ -36,18 +35,8 @@ class Limits:
     min_bytes_per_s: int
 
 
-def _from_environment() -> Limits:
-    """Until a worker configures them from its Settings, the limits in the environment (an API
-    process pinning sources at submit reads the same LAYERSWAP_* variables)."""
-    try:
-        timeout_s = float(os.environ.get("LAYERSWAP_HUB_TIMEOUT_S", "60"))
-        pace = int(os.environ.get("LAYERSWAP_HUB_MIN_BYTES_PER_S", "1024"))
-    except ValueError:  # Settings refuses such values at start; this only must not crash
-        return Limits(60.0, 1024)
-    return Limits(timeout_s, pace)
-
-
-_limits = _from_environment()
+# Settings' defaults, until a process configures its own (create_app, each job's pipeline).
+_limits = Limits(timeout_s=60.0, min_bytes_per_s=1024)
 _installed = False
 _install_lock = threading.Lock()
 
