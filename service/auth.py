@@ -1,10 +1,17 @@
-"""API keys: `lsk_<random>`, shown once, stored only as sha256; each belongs to a tenant."""
+"""API keys: `lsk_<random>`, shown once, stored only as sha256; each belongs to a tenant.
+
+Each API process remembers the keys it has looked up (KeyCache) for KEY_CACHE_S, so a request
+costs a dictionary lookup rather than a database read on a thread: a revoked key is refused by
+every API process at most KEY_CACHE_S after the revocation is committed."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import secrets
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,17 +49,91 @@ def create_key(db: Database, tenant: str) -> str:
     return key
 
 
-def tenant_for(db: Database, authorization: str | None) -> str:
+def bearer_key(authorization: str | None) -> str:
+    """The API key an Authorization header sends; Unauthorized when it sends none."""
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key.startswith(PREFIX):
         raise Unauthorized("send an API key: Authorization: Bearer lsk_...")
+    return key
+
+
+def tenant_for(db: Database, authorization: str | None) -> str:
+    """The tenant of the header's key, read from the database now."""
+    return tenant_of_hash(db, hash_key(bearer_key(authorization)))
+
+
+def tenant_of_hash(db: Database, key_hash: str) -> str:
     with db.session() as session:
         found = session.scalars(
-            select(ApiKey).where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+            select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
         ).first()
     if found is None:
         raise Unauthorized("unknown or revoked API key")
     return found.tenant_id
+
+
+# How long one API process trusts a key it looked up: the bound on how soon a revocation takes
+# effect. Counted from when the lookup began (it may read the database as late as that, but
+# never earlier), so a key revoked at T is refused by every request that arrives after T +
+# KEY_CACHE_S, in every process, whatever each one has remembered. At one lookup per key per
+# second, a process polled thousands of times a second barely reads the keys table.
+KEY_CACHE_S = 1.0
+KEY_CACHE_ENTRIES = 10_000  # valid keys remembered; past that, the expired ones are dropped
+
+
+@dataclass
+class _Lookup:
+    began: float  # by the cache's clock
+    tenant: asyncio.Future[str]
+
+
+class KeyCache:
+    """Key hash -> tenant, each for `ttl` seconds after the lookup that found it began; for one
+    event loop (its requests only: not thread-safe). Unknown and revoked keys are not
+    remembered: each of their requests is looked up, so a key works as soon as it is created.
+    Concurrent requests with one key share one lookup."""
+
+    def __init__(
+        self,
+        lookup: Callable[[str], Awaitable[str]],
+        *,
+        ttl: float = KEY_CACHE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lookup = lookup  # key hash -> tenant (raises Unauthorized)
+        self.ttl = ttl
+        self.clock = clock
+        self._found: dict[str, tuple[str, float]] = {}  # hash -> (tenant, trusted until)
+        self._looking: dict[str, _Lookup] = {}
+
+    async def tenant(self, authorization: str | None) -> str:
+        key_hash = hash_key(bearer_key(authorization))
+        now = self.clock()
+        found = self._found.get(key_hash)
+        if found is not None and now < found[1]:
+            return found[0]
+        looking = self._looking.get(key_hash)
+        if looking is None or now >= looking.began + self.ttl:  # too old to vouch for now
+            looking = self._start(key_hash, now)
+        return await asyncio.shield(looking.tenant)
+
+    def _start(self, key_hash: str, now: float) -> _Lookup:
+        looking = _Lookup(now, asyncio.ensure_future(self.lookup(key_hash)))
+        self._looking[key_hash] = looking
+        looking.tenant.add_done_callback(lambda done: self._done(key_hash, looking, done))
+        return looking
+
+    def _done(self, key_hash: str, looking: _Lookup, done: asyncio.Future[str]) -> None:
+        if self._looking.get(key_hash) is looking:
+            del self._looking[key_hash]
+        if done.cancelled() or done.exception() is not None:
+            self._found.pop(key_hash, None)  # refused (or unknown): nothing vouches for it now
+            return
+        if len(self._found) >= KEY_CACHE_ENTRIES:
+            now = self.clock()
+            self._found = {h: f for h, f in self._found.items() if now < f[1]}
+        if len(self._found) < KEY_CACHE_ENTRIES:
+            self._found[key_hash] = (done.result(), looking.began + self.ttl)
 
 
 @dataclass(frozen=True)

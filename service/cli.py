@@ -561,8 +561,8 @@ def keys_list(tenant: str | None) -> None:
 @keys.command("revoke")
 @click.argument("key_id")
 def keys_revoke(key_id: str) -> None:
-    """Revoke a key by its id (from `keys list`) or by the key itself; it stops working at
-    once, in every API process."""
+    """Revoke a key by its id (from `keys list`) or by the key itself; every API process
+    refuses it within a second (each remembers a key it looked up for at most that long)."""
     from service.auth import revoke_key
     from service.errors import ServiceError
 
