@@ -10,20 +10,31 @@ import base64
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Dialect, Select, and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from service.changes import touched
-from service.db.models import Job, JobEvent, LineageEdge, Tenant, utcnow
+from service.db.models import Job, JobEvent, Tenant, utcnow
 from service.db.session import Database
 from service.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from service.job_inserts import insert_queued
+from service.job_rows import (
+    CREATED_AT,
+    ID,
+    driver_processors,
+    driver_value,
+    fetch,
+    job_of,
+    page_select,
+    processed,
+)
 from service.quota import check_room
 from service.settings import Settings
 
@@ -208,36 +219,73 @@ def list_jobs(
     cursor: str | None,
     limit: int,
 ) -> tuple[list[Job], str | None]:
-    """Newest first; `cursor` continues after the last job of the previous page."""
-    query = select(Job).where(Job.tenant_id == tenant, Job.kind == kind)
+    """list_rows as detached Jobs, each with its output artifact loaded."""
+    rows, next_cursor = list_rows(
+        db, tenant=tenant, kind=kind, status=status, artifact=artifact, cursor=cursor, limit=limit
+    )
+    processors = driver_processors(db.engine.dialect)
+    return [job_of(processed(row, processors)) for row in rows], next_cursor
+
+
+def list_rows(
+    db: Database,
+    *,
+    tenant: str,
+    kind: str,
+    status: str | None,
+    artifact: tuple[str, str] | None,  # (direction, artifact id)
+    cursor: str | None,
+    limit: int,
+) -> tuple[list[Sequence[Any]], str | None]:
+    """Newest first; `cursor` continues after the last job of the previous page. Each job is
+    its row with its output artifact's (service/job_rows.py), as the driver hands it back.
+
+    Keyset pagination: the page is the first `limit` entries after the cursor's (created_at,
+    id) of the index on (tenant_id, kind[, status], created_at, id), read backwards; no page
+    costs more than the rows it shows, and jobs submitted meanwhile (newer) never shift it."""
+    page = page_query(tenant=tenant, kind=kind, status=status, artifact=artifact,
+                      cursor=cursor, limit=limit)  # fmt: skip
+    return page_of(db.engine.dialect, [] if page is None else fetch(db, *page), limit)
+
+
+def page_of(
+    dialect: Dialect, rows: list[Sequence[Any]], limit: int
+) -> tuple[list[Sequence[Any]], str | None]:
+    """A page from the rows a page_query read (one more than `limit`, when there are more):
+    its rows, and the cursor of the next page (None: this is the last)."""
+    if len(rows) <= limit:
+        return rows, None
+    del rows[limit:]
+    created_at, job_id = driver_value(dialect, rows[-1], CREATED_AT), rows[-1][ID]
+    return rows, _encode_cursor(created_at, job_id)
+
+
+def page_query(
+    *,
+    tenant: str,
+    kind: str,
+    status: str | None,
+    artifact: tuple[str, str] | None,
+    cursor: str | None,
+    limit: int,
+) -> tuple[Select[*tuple[Any, ...]], dict[str, Any]] | None:
+    """The statement (job_rows.page_select) and parameters that read a page of `limit` rows,
+    and one more if there are more (page_of); None when no job can be on it (an artifact id
+    that names nothing). Raises InvalidRequest for a cursor this API did not make."""
+    params: dict[str, Any] = {"tenant": tenant, "kind": kind, "limit": limit + 1}
     if status:
-        query = query.where(Job.status == status)
+        params["status"] = status
     if artifact:
-        direction, artifact_id = artifact
-        if not is_id(artifact_id):
-            return [], None
-        query = query.where(
-            Job.id.in_(
-                select(LineageEdge.job_id).where(
-                    LineageEdge.direction == direction, LineageEdge.artifact_id == artifact_id
-                )
-            )
-        )
+        params["direction"], params["artifact_id"] = artifact
+        if not is_id(params["artifact_id"]):
+            return None
     if cursor:
-        created, last_id = _decode_cursor(cursor)
-        query = query.where(
-            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < last_id))
-        )
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1).options(OUTPUT)
-    with db.session() as session:
-        jobs = list(session.scalars(query))
-    more = len(jobs) > limit
-    jobs = jobs[:limit]
-    return jobs, _encode_cursor(jobs[-1]) if more else None
+        params["created_at"], params["last_id"] = _decode_cursor(cursor)
+    return page_select(status=bool(status), artifact=bool(artifact), after=bool(cursor)), params
 
 
-def _encode_cursor(job: Job) -> str:
-    raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
+def _encode_cursor(created_at: datetime, job_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), job_id]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Row
 
 KEPT_ANSWERS = 4096  # ~2.5 kB of JSON and a few kB of row each: ~30 MB at most
 
@@ -51,7 +51,7 @@ def etag_of(version: bytes) -> str:
 
 @dataclass(frozen=True)
 class Kept:
-    row: Row[Any]  # what the answer was made from
+    row: Sequence[Any]  # what the answer was made from (compared whole)
     answer: Answer
     etag: str
     ended: bool
@@ -65,7 +65,7 @@ class KeptAnswers:
         self._kept: OrderedDict[str, Kept] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, job_id: str, row: Row[Any]) -> Kept | None:
+    def get(self, job_id: str, row: Sequence[Any]) -> Kept | None:
         """The answer made from a row equal to `row`, if one is kept."""
         with self._lock:
             kept = self._kept.get(job_id)

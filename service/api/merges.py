@@ -17,8 +17,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service import jobs
 from service.api import polling
-from service.api.deps import Context, ContextDep, TenantDep
+from service.api.deps import Context, ContextDep, TenantDep, current_tenant
 from service.api.errors import error_response
+from service.api.lean import lean_route
 from service.api.polling import CONDITIONAL, WaitQuery
 from service.api.streams import SlotStreamingResponse
 from service.changes import CHANGES
@@ -195,16 +196,18 @@ def _submit_merge(
     return job.id, read_job(context, job).model_dump_json().encode()
 
 
-@router.get("", response_model=JobPage)
-def list_merges(
+PAGE_LIMIT = 200  # most merges on a page
+
+
+async def list_merges(
     context: ContextDep,
     tenant: TenantDep,
     status: Annotated[Literal[jobs.STATUSES] | None, Query()] = None,  # type: ignore[valid-type]
     input_artifact: str | None = None,
     output_artifact: str | None = None,
     cursor: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-) -> JobPage:
+    limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 50,
+) -> Response:
     """Newest first; filter by status or by an input or output artifact; cursor pagination."""
     if input_artifact and output_artifact:
         raise InvalidRequest(
@@ -218,19 +221,43 @@ def list_merges(
         if output_artifact
         else None
     )
-    found, next_cursor = jobs.list_jobs(
-        context.db,
-        tenant=tenant,
-        kind="merge",
-        status=status,
-        artifact=artifact,
-        cursor=cursor,
-        limit=limit,
+    page = jobs.page_query(tenant=tenant, kind="merge", status=status, artifact=artifact,
+                           cursor=cursor, limit=limit)  # fmt: skip
+    rows = [] if page is None else await context.rows.page(*page)
+    rows, next_cursor = jobs.page_of(context.db.engine.dialect, rows, limit)
+    # Each merge as GET /v1/merges/{id} answers it: a page of unchanged merges is one query
+    items = await polling.answers_for(
+        context, rows, partial(read_job, context), shows_only_its_rows
     )
-    return JobPage(items=[read_job(context, j) for j in found], next_cursor=next_cursor)
+    return Response(polling.page_body(items, next_cursor), media_type="application/json")
 
 
-@router.get("/{job_id}", response_model=JobRead, responses=CONDITIONAL)
+async def _list_merges_plainly(request: Request) -> Response | None:
+    """list_merges of a request asking for at most `limit` (as FastAPI would read it back:
+    digits, 1..PAGE_LIMIT) and `cursor`, each once; None for any other (service/api/lean.py).
+    What a client walking the pages asks."""
+    query = request.query_params
+    if not set(query) <= {"limit", "cursor"} or len(query.multi_items()) != len(query):
+        return None
+    limit = query.get("limit", "50")
+    if not (limit.isascii() and limit.isdigit() and limit == str(int(limit))):
+        return None
+    if not 1 <= int(limit) <= PAGE_LIMIT:
+        return None
+    context: Context = request.app.state.context
+    tenant = await current_tenant(context, request.headers.get("authorization"))
+    return await list_merges(context, tenant, cursor=query.get("cursor"), limit=int(limit))
+
+
+router.add_api_route(
+    "",
+    list_merges,
+    methods=["GET"],
+    response_model=JobPage,
+    route_class_override=lean_route(_list_merges_plainly),
+)
+
+
 async def get_merge(
     job_id: str, request: Request, context: ContextDep, tenant: TenantDep, wait: WaitQuery = None
 ) -> Response:
@@ -246,6 +273,26 @@ async def get_merge(
         wait=wait,
         reusable=shows_only_its_rows,
     )
+
+
+async def _get_merge_plainly(request: Request) -> Response | None:
+    """get_merge of a request without a query string (no `wait` to validate), its dependencies
+    resolved as FastAPI would resolve them; None for any other (service/api/lean.py)."""
+    if request.scope["query_string"]:
+        return None
+    context: Context = request.app.state.context
+    tenant = await current_tenant(context, request.headers.get("authorization"))
+    return await get_merge(request.path_params["job_id"], request, context, tenant)
+
+
+router.add_api_route(
+    "/{job_id}",
+    get_merge,
+    methods=["GET"],
+    response_model=JobRead,
+    responses=CONDITIONAL,
+    route_class_override=lean_route(_get_merge_plainly),
+)
 
 
 def shows_only_its_rows(job: Job) -> bool:

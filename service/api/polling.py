@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 from anyio import CapacityLimiter, to_thread
 from fastapi import Query, Request, Response
 from pydantic import BaseModel
-from sqlalchemy import Row
 
 from service import jobs
 from service.api.answers import Kept, answer, etag_of
@@ -29,7 +29,7 @@ from service.api.deps import Context
 from service.changes import CHANGES
 from service.db.models import Job
 from service.errors import NotFound
-from service.job_rows import job_of
+from service.job_rows import ID, KIND, TENANT, driver_processors, job_of, processed
 from service.jobs import is_id
 
 MAX_WAIT_S = 60.0
@@ -92,22 +92,60 @@ async def read_job(
         raise NotFound(f"no such job: {job_id}")
     limiter = _readers(request)
 
-    def made(row: Row[Any]) -> Kept:
-        job = job_of(row)
-        found = answer(view(job))
-        fresh = Kept(row, found, etag_of(found.version), job.status in jobs.TERMINAL)
-        if reusable is not None and found.timeless and reusable(job):
-            context.answers.put(job_id, fresh)
-        return fresh
-
     async def read() -> Kept:
         row = await context.rows.read(job_id)
-        if row is None or row.tenant_id != tenant or row.kind != kind:  # before any answer
+        if row is None or row[TENANT] != tenant or row[KIND] != kind:  # before any answer
             raise NotFound(f"no such job: {job_id}")
         found = context.answers.get(job_id, row)
-        return found if found is not None else await to_thread.run_sync(made, row, limiter=limiter)
+        if found is not None:
+            return found
+        return await to_thread.run_sync(answer_for, context, row, view, reusable, limiter=limiter)
 
     return await conditional_read(request, job_id, read, wait)
+
+
+def answer_for(
+    context: Context,
+    row: Sequence[Any],
+    view: Callable[[Job], BaseModel],
+    reusable: Callable[[Job], bool] | None,
+) -> Kept:
+    """The answer to a read of the job whose row (service/job_rows.py, the driver's values)
+    is `row`: the one kept for an equal row, else made from this one (and kept when
+    `reusable`, as read_job says). Blocking (the view may read other rows)."""
+    job_id = row[ID]
+    found = context.answers.get(job_id, row)
+    if found is not None:
+        return found
+    job = job_of(processed(row, driver_processors(context.db.engine.dialect)))
+    made = answer(view(job))
+    fresh = Kept(row, made, etag_of(made.version), job.status in jobs.TERMINAL)
+    if reusable is not None and made.timeless and reusable(job):
+        context.answers.put(job_id, fresh)
+    return fresh
+
+
+async def answers_for(
+    context: Context,
+    rows: Sequence[Sequence[Any]],
+    view: Callable[[Job], BaseModel],
+    reusable: Callable[[Job], bool] | None,
+) -> list[bytes]:
+    """answer_for each row, their JSON: given from those kept on the event loop when all are,
+    else made on a thread (a view may read other rows)."""
+    kept = [context.answers.get(row[ID], row) for row in rows]
+    if all(found is not None for found in kept):
+        return [found.answer.body for found in kept if found is not None]
+    made = await to_thread.run_sync(
+        lambda: [answer_for(context, row, view, reusable).answer.body for row in rows]
+    )
+    return made
+
+
+def page_body(items: Sequence[bytes], next_cursor: str | None) -> bytes:
+    """The JSON of a page of answers (schemas.JobPage) from each item's own JSON."""
+    cursor = json.dumps(next_cursor).encode()
+    return b'{"items":[' + b",".join(items) + b'],"next_cursor":' + cursor + b"}"
 
 
 async def conditional_read(

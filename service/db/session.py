@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from sqlalchemy import Dialect, Engine, create_engine, event
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 # As many pooled connections as the API has request threads (AnyIO's 40): a smaller pool
@@ -85,6 +85,33 @@ class Database:
             raise
         finally:
             session.close()
+
+    @contextmanager
+    def driver_cursor(self) -> Iterator[Any]:
+        """A cursor of the driver itself, on a connection of the pool, for reads whose
+        SQLAlchemy execution costs more than the read (a job's row, a page of rows); on
+        PostgreSQL in autocommit (a lone SELECT needs no transaction: no BEGIN and ROLLBACK
+        round trips). The driver's errors are raised as SQLAlchemy's execution raises them
+        (DBAPIError: the API answers an unreachable database with a 503), and a connection they
+        show dead leaves the pool."""
+        options = {} if self.is_sqlite else {"isolation_level": "AUTOCOMMIT"}
+        dialect = self.engine.dialect
+        with self.engine.connect().execution_options(**options) as connection:
+            driver = connection.connection.dbapi_connection
+            assert driver is not None
+            cursor = driver.cursor()
+            try:
+                yield cursor
+            except dialect.loaded_dbapi.Error as e:
+                dead = dialect.is_disconnect(e, driver, cursor)
+                if dead:
+                    connection.invalidate(e)
+                raise DBAPIError.instance(
+                    None, None, e, dialect.loaded_dbapi.Error,
+                    connection_invalidated=dead, dialect=dialect,
+                ) from e  # fmt: skip
+            finally:
+                cursor.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, text
 
+from service.job_rows import ID
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 
@@ -207,25 +208,32 @@ def test_reads_asked_for_together_are_one_select_with_each_its_own_row(
     ids = [held.submit(layer_swap())["id"] for _ in range(12)]
     unknown = "f" * 32
     rows = held.client.app.state.context.rows  # type: ignore[attr-defined]
-    selects: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "FROM jobs" in statement:
-            selects.append(statement)
 
     async def read_all() -> list[Any]:
         together = await asyncio.gather(*(rows.read(i) for i in [*ids, unknown, *ids]))
         one_by_one = [await asyncio.wait_for(rows.read(i), 30) for i in ids[:3]]
         return [*together, *one_by_one]  # each alone after the batches ended: a batch each
 
-    event.listen(held.db.engine, "before_cursor_execute", count)
-    try:
-        found = held.client.portal.call(read_all)  # type: ignore[union-attr]
-    finally:
-        event.remove(held.db.engine, "before_cursor_execute", count)
-    assert [r.id if r is not None else None for r in found] == [*ids, None, *ids, *ids[:3]]
-    assert 1 + 3 <= len(selects) <= 2 + 3  # BATCHES_OUT: the first alone, the rest together
+    before = rows.selects
+    found = held.client.portal.call(read_all)  # type: ignore[union-attr]
+    assert [r[ID] if r is not None else None for r in found] == [*ids, None, *ids, *ids[:3]]
+    assert 1 + 3 <= rows.selects - before <= 2 + 3  # BATCHES_OUT: the first alone, the rest
     # and through the API, concurrently, each poller gets its own job
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: held.client.get(f"/v1/merges/{i}"), [*ids, unknown]))
     assert [a.json()["id"] for a in answers[:-1]] == ids and answers[-1].status_code == 404
+
+
+def test_a_poll_with_a_query_is_validated_as_before(service: Service) -> None:
+    """A poll without a query string is answered without FastAPI's parameter solving
+    (service/api/lean.py); one with a query still goes through it."""
+    job = service.wait(service.submit(layer_swap())["id"])
+    plain = service.client.get(f"/v1/merges/{job['id']}")
+    solved = service.client.get(f"/v1/merges/{job['id']}?unknown=1")
+    assert plain.json() == solved.json() == job
+    assert plain.headers["etag"] == solved.headers["etag"]
+    for wait in ("-1", "61", "x"):
+        refused = service.client.get(f"/v1/merges/{job['id']}?wait={wait}")
+        assert refused.status_code == 422, (wait, refused.text)
+        assert refused.json()["error"]["details"]["field"] == "wait", refused.text
+    assert service.client.get(f"/v1/merges/{'0' * 32}").status_code == 404
