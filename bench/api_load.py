@@ -715,7 +715,7 @@ async def drain_report(target: Deployment, ids: Sequence[str], started_epoch: fl
 class Result:
     deployment: Deployment
     submit: Phase
-    poll: Phase
+    poll: Phase | None  # None with --submit-only
     drain: Drain
     warmup_submits: int
     conditional: Phase | None = None  # closed loop, If-None-Match (304s)
@@ -753,6 +753,10 @@ async def run_deployment(target: Deployment, args: argparse.Namespace) -> Result
     say(f"[{target.kind}] submit: {fmt_summary(submit)}", flush=True)
     if not ids:
         raise RuntimeError(f"no submit succeeded: {submit.summary()}")
+    if args.submit_only:  # the merges are left running: what they cost is not measured here
+        drain = await drain_report(target, ids, started_epoch)
+        say(f"[{target.kind}] after the submits: {drain}", flush=True)
+        return Result(target, submit, None, drain, len(warm_ids))
     drained = await wait_drained(target, len(warm_ids) + len(ids), args.drain_timeout)
     drain = await drain_report(target, ids, started_epoch)
     drain.drained = drain.drained and drained
@@ -938,17 +942,18 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             f"{cell(d.last_finished_s)} | {cell(rate)} | {statuses} |"
         )
     connections = [
-        f"- {named(r)}: {r.submit.pg_sessions} during the submits, "
-        f"{r.poll.pg_sessions} during the measured polls"
+        f"- {named(r)}: {r.submit.pg_sessions} during the submits"
+        + (f", {r.poll.pg_sessions} during the measured polls" if r.poll else "")
         for r in results
         if r.submit.pg_sessions is not None
     ]
     notes = []
     for r in results:
-        extra = [f"{k}: {v}" for k, v in (r.submit.statuses | r.poll.statuses).items() if k >= 300]
-        errors = r.submit.transport_errors + r.poll.transport_errors
+        polled = r.poll or Phase(r.deployment.kind, "poll")
+        extra = [f"{k}: {v}" for k, v in (r.submit.statuses | polled.statuses).items() if k >= 300]
+        errors = r.submit.transport_errors + polled.transport_errors
         extra += [f"{k}: {v}" for k, v in errors.items()]
-        if r.poll.warmup_failures:
+        if r.poll and r.poll.warmup_failures:
             extra.append(f"{r.poll.warmup_failures} failed requests during the poll warm-up")
         if extra:
             notes.append(f"- {named(r)}: {'; '.join(extra)}")
@@ -1019,8 +1024,13 @@ def markdown(results: list[Result], args: argparse.Namespace, meta: dict[str, st
             *baseline,
             *rows,
             "",
-            "Executor drain (the merges start running while the submits go on; the last job's "
-            "`finished_at`, from the server, against the client's clock at the first submit):",
+            (
+                "The merges when the submits ended (`--submit-only`: they were not waited for):"
+                if args.submit_only
+                else "Executor drain (the merges start running while the submits go on; the "
+                "last job's `finished_at`, from the server, against the client's clock at the "
+                "first submit):"
+            ),
             "",
             *drain_rows,
             "",
@@ -1110,6 +1120,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also run the deployments on this commit's code (a git worktree), each just "
         "before this checkout's, and report the two side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--submit-only", action="store_true",
+        help="measure the warm-up and the submits only: no drain (the merges are left to run "
+        "while the deployment is stopped) and no polls",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, help="default: bench/figures/api-<git short sha>.md")
     args = parser.parse_args(argv)
     for name in ("submits", "concurrency", "pollers", "warmup_submits", "api_workers"):
@@ -1159,9 +1174,8 @@ def main(argv: list[str] | None = None) -> None:
     print(report)
     print(f"written to {output}")
     bad = sum(
-        r.submit.non_2xx + r.poll.non_2xx
-        + sum(r.submit.transport_errors.values()) + sum(r.poll.transport_errors.values())
-        for r in results
+        phase.non_2xx + sum(phase.transport_errors.values())
+        for r in results for phase in (r.submit, r.poll) if phase is not None
     )  # fmt: skip
     if bad:
         sys.exit(f"{bad} requests failed (non-2xx or transport errors): see the report")
