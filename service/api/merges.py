@@ -27,7 +27,7 @@ from service.db.models import Artifact, Job, as_utc
 from service.errors import InvalidRequest
 from service.evaluations import check_spec, comparison
 from service.exposure import exposure_for
-from service.integrations.mlflow_registry import check_configured
+from service.integrations.mlflow_registry import check_destination
 from service.lineage import get_artifact
 from service.preflight import check_headers
 from service.schemas import (
@@ -173,7 +173,7 @@ def _submit_merge(
     if body.webhook is not None:
         check_webhook_url(body.webhook, context.settings, field="webhook")
     if recipe.output.mlflow is not None:
-        check_configured(context.settings)
+        check_destination(context.settings, tenant, recipe.output.mlflow)  # another's: 403
     sources, local = check_sources(recipe, context, tenant)
     check_headers(recipe, context.settings, tenant, resolved=local)
     request = recipe_to_dict(recipe)

@@ -11,12 +11,10 @@ from typing import Any
 import pytest
 
 from service.auth import create_key
-from service.integrations import mlflow_registry
 from tests.integrations.test_mlflow import registry, swap
 from tests.service.conftest import Service, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 from tests.service.test_api_tenants import bearer
-from worker.engine.recipe import MlflowDestination
 from worker.pipeline import run_job
 
 CHAMPION = {"registered_model": "tenant-swaps", "alias": "champion"}
@@ -64,11 +62,15 @@ def test_another_tenants_merge_cannot_take_a_model_or_its_alias(
     assert client.get_model_version_by_alias("tenant-swaps", "champion").version == "1"
     assert client.get_registered_model("tenant-swaps").tags["layerswap.tenant"] == "a"
 
-    # The check B's submit can make now that the model exists refuses it too; A's passes.
-    destination = MlflowDestination(**CHAMPION)
-    with pytest.raises(mlflow_registry.MlflowModelForbidden, match="another tenant"):
-        mlflow_registry.check_destination(held.settings, "b", destination)
-    mlflow_registry.check_destination(held.settings, "a", destination)
+    # Now that the model exists, B's submit is refused at once, with nothing queued.
+    queued = held.client.get("/v1/merges", headers=bearer(b)).json()["items"]
+    refused = held.client.post(
+        "/v1/merges", json=swap("b-late", mlflow=CHAMPION), headers=bearer(b)
+    )
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "mlflow_model_forbidden"
+    assert "another tenant" in refused.json()["error"]["message"]
+    assert held.client.get("/v1/merges", headers=bearer(b)).json()["items"] == queued
 
     # A keeps registering into its model; B into a name of its own.
     a_again = finished(held, a, submit(held, a, swap("a-second", mlflow=CHAMPION)))
@@ -82,8 +84,9 @@ def test_another_tenants_merge_cannot_take_a_model_or_its_alias(
 def test_a_model_the_service_did_not_create_is_nobodys(held: Service, mlflow_server: str) -> None:
     a = create_key(held.db, "a")
     registry(mlflow_server).create_registered_model("made-by-hand")
-    job = finished(held, a, submit(held, a, swap("x", mlflow={"registered_model": "made-by-hand"})))
-    assert job["status"] == "failed"
-    assert job["error"]["code"] == "mlflow_model_forbidden"
-    assert "no tenant owns it" in job["error"]["message"]
+    body = swap("x", mlflow={"registered_model": "made-by-hand"})
+    refused = held.client.post("/v1/merges", json=body, headers=bearer(a))
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "mlflow_model_forbidden"
+    assert "no tenant owns it" in refused.json()["error"]["message"]
     assert registry(mlflow_server).search_model_versions("name = 'made-by-hand'") == []
