@@ -257,7 +257,7 @@ def page_of(
         return rows, None
     del rows[limit:]
     created_at, job_id = driver_value(dialect, rows[-1], CREATED_AT), rows[-1][ID]
-    return rows, _encode_cursor(created_at, job_id)
+    return rows, encode_cursor(created_at, job_id)
 
 
 def page_query(
@@ -280,16 +280,17 @@ def page_query(
         if not is_id(params["artifact_id"]):
             return None
     if cursor:
-        params["created_at"], params["last_id"] = _decode_cursor(cursor)
+        params["created_at"], params["last_id"] = decode_cursor(cursor)
     return page_select(status=bool(status), artifact=bool(artifact), after=bool(cursor)), params
 
 
-def _encode_cursor(created_at: datetime, job_id: str) -> str:
+def encode_cursor(created_at: datetime, job_id: str) -> str:
+    """A list's position after the row (created_at, id): job and webhook lists alike."""
     raw = json.dumps([created_at.isoformat(), job_id]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         if not is_id(str(job_id)):

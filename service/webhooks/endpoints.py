@@ -5,10 +5,8 @@ replay. Secrets are stored encrypted (service/webhooks/encryption.py)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -177,29 +175,14 @@ def list_endpoints(
         WebhookEndpoint.tenant_id == tenant, WebhookEndpoint.deleted_at.is_(None)
     )
     if cursor:
-        after, last_id = read_cursor(cursor)
+        after, last_id = jobs.decode_cursor(cursor)
         query = query.where(or_(created > after, and_(created == after, id_ > last_id)))
     with db.session() as session:
         found = list(session.scalars(query.order_by(created, id_).limit(limit + 1)))
         session.expunge_all()
     page = found[:limit]
-    return page, make_cursor(page[-1].created_at, page[-1].id) if len(found) > limit else None
-
-
-def make_cursor(created_at: datetime, row_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), row_id]).encode()).decode()
-
-
-def read_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, row_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if not jobs.is_id(str(row_id)):
-            raise ValueError(row_id)
-        return datetime.fromisoformat(created), str(row_id)
-    except (ValueError, TypeError) as e:
-        raise InvalidRequest(
-            "cursor: not a cursor from this API", details={"field": "cursor"}
-        ) from e
+    more = len(found) > limit
+    return page, jobs.encode_cursor(page[-1].created_at, page[-1].id) if more else None
 
 
 def delete_endpoint(db: Database, tenant: str, endpoint_id: str) -> None:
@@ -282,14 +265,14 @@ def list_deliveries(
         query = query.where(WebhookDelivery.status == status)
     created, id_ = WebhookDelivery.created_at, WebhookDelivery.id
     if cursor:
-        before, last_id = read_cursor(cursor)
+        before, last_id = jobs.decode_cursor(cursor)
         query = query.where(or_(created < before, and_(created == before, id_ < last_id)))
     query = query.order_by(created.desc(), id_.desc()).limit(limit + 1)
     with db.session() as session:
         found = session.execute(query).all()
         page = [delivery_view(d, e) for d, e in found[:limit]]
     last = found[limit - 1][0] if len(found) > limit else None
-    return page, make_cursor(last.created_at, last.id) if last is not None else None
+    return page, jobs.encode_cursor(last.created_at, last.id) if last is not None else None
 
 
 def replay(db: Database, tenant: str, delivery_id: str) -> dict[str, Any]:
