@@ -2,10 +2,11 @@
 store (bench/reference_app.py), and against a baseline commit's code, all in one run.
 
 For each store (SQLite, PostgreSQL) it makes one data set: `--jobs` real layer swaps of the
-example checkpoints, submitted to `layerswap serve` and run to the end (the baseline's code
-makes it, then its store is copied for this checkout's code, which migrates its copy). Then
-these servers run side by side, each one `layerswap serve` process (or the reference's one
-uvicorn process, with the same settings), all started before anything is measured:
+example checkpoints, submitted to `layerswap serve` and run to the end, and copies of their
+rows up to `--listed` jobs (the baseline's code makes it, then its store is copied for this
+checkout's code, which migrates its copy). Then
+these servers are measured in turn, each one `layerswap serve` process (or the reference's one
+uvicorn process, with the same settings), started for its turn and stopped after it:
 
     reference        bench/reference_app.py on this checkout's store
     <baseline>       `layerswap serve`, the baseline commit's code (a git worktree), auth off
@@ -13,14 +14,16 @@ uvicorn process, with the same settings), all started before anything is measure
     current          `layerswap serve`, this checkout's code, auth off
     current auth     the same with auth on
 
-and each round measures every one of them in turn, in an order that rotates from round to
-round (so drift on this shared machine falls on all alike):
+Each round measures every one of them, in an order that rotates from round to round (so drift
+on this shared machine falls on all alike):
 
     poll   --pollers closed-loop clients GET /v1/merges/{id} over the jobs: --warmup s, then
            --duration s measured: requests/s, and the server process's CPU per request
-    list   (the layerswap servers, auth off) one client walks GET /v1/merges?limit=50 page by
-           page (cursor to cursor, then again from the first page) for --duration s: the
-           server's CPU per page
+    list   then (the layerswap servers, auth off) one client walks GET /v1/merges?limit=50
+           page by page, cursor to cursor, 1 s unmeasured then --duration s: the server's
+           CPU per page. Twice: over the first pages (the --jobs merges) and back, whose
+           answers a server keeps; and over the whole list (--listed jobs: the merges and
+           copies of them with new ids, older), whose answers are made on every page
 
 The figures given are the median over --rounds. Ratios: poll req/s over the reference's; auth
 on over auth off (as a cost: off req/s / on req/s). The report goes to
@@ -42,14 +45,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import create_engine, text
+from sqlalchemy import MetaData, Table, create_engine, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.api_load import (
@@ -176,6 +182,27 @@ def stores(kind: str, work: Path) -> Iterator[tuple[str, str]]:
         yield first.url, second.url
 
 
+def clone_jobs(url: str, total: int) -> None:
+    """Copies of the store's jobs (new ids, made a day earlier per round of copies) until it
+    holds `total`: pages deep in the list, whose answers no API process keeps."""
+    engine = create_engine(url)
+    try:
+        jobs = Table("jobs", MetaData(), autoload_with=engine)
+        with engine.begin() as connection:
+            originals = [dict(row._mapping) for row in connection.execute(select(jobs))]
+            copies: list[dict[str, Any]] = []
+            for n in range(total - len(originals)):
+                row = dict(originals[n % len(originals)])
+                days = 1 + n // len(originals)
+                row["id"], row["idempotency_key"] = uuid.uuid4().hex, None
+                row["created_at"] = row["created_at"] - timedelta(days=days)
+                copies.append(row)
+            for at in range(0, len(copies), 500):
+                connection.execute(jobs.insert(), copies[at : at + 500])
+    finally:
+        engine.dispose()
+
+
 def copy_store(source: str, target: str) -> None:
     if source.startswith("sqlite"):
         shutil.copyfile(source.split(":///", 1)[1], target.split(":///", 1)[1])
@@ -191,9 +218,10 @@ def copy_store(source: str, target: str) -> None:
 
 
 async def poll(server: Server, ids: list[str], pollers: int, warmup: float, seconds: float,
-               *, pages: bool = False) -> Sample:  # fmt: skip
-    """Closed loop: `pollers` clients (one for `pages`, walking the list) for warmup +
-    seconds; only what completes inside the measured window counts."""
+               *, pages: int = 0) -> Sample:  # fmt: skip
+    """Closed loop: `pollers` clients for warmup + seconds, or with `pages` one client walking
+    the list, back to the first page after that many; only what completes inside the measured
+    window counts."""
     sample = Sample(seconds=seconds)
     began = time.perf_counter()
     start, end = began + warmup, began + warmup + seconds
@@ -201,9 +229,11 @@ async def poll(server: Server, ids: list[str], pollers: int, warmup: float, seco
 
     async def client(first: int) -> None:
         async with Connection(server.base_url) as http:
-            k, cursor = first, ""
+            k, cursor, walked = first, "", 0
             while (now := time.perf_counter()) < end:
                 if pages:
+                    if walked >= pages:  # back to the first page
+                        cursor, walked = "", 0
                     path = "/v1/merges?limit=50" + (f"&cursor={cursor}" if cursor else "")
                 else:
                     path, k = f"/v1/merges/{ids[k % len(ids)]}", k + pollers
@@ -212,6 +242,7 @@ async def poll(server: Server, ids: list[str], pollers: int, warmup: float, seco
                     status = response.status_code
                     if pages and status == 200:
                         cursor = response.json()["next_cursor"] or ""
+                        walked = walked + 1 if cursor else 0
                 except TransportError:
                     status = 0
                 done = time.perf_counter()
@@ -264,7 +295,7 @@ def measure_store(kind: str, work: Path, args: argparse.Namespace, code: Path) -
     data = work / "data"
     old_env = base_env(code)
     layerswap(old_env, "examples", str(data / "checkpoints" / "examples"))
-    with stores(kind, work) as (old_url, new_url), contextlib.ExitStack() as running:
+    with stores(kind, work) as (old_url, new_url):
         envs = {}
         for name, env, url in (
             ("baseline", old_env, old_url),
@@ -273,20 +304,22 @@ def measure_store(kind: str, work: Path, args: argparse.Namespace, code: Path) -
             envs[name] = {**env, "LAYERSWAP_DATA_DIR": str(data), "LAYERSWAP_DATABASE_URL": url}
         print(f"[{kind}] populating: {args.jobs} merges", flush=True)
         ids = populate(envs["baseline"], args.jobs, logs)
+        clone_jobs(old_url, args.listed)
         copy_store(old_url, new_url)
         layerswap(envs["current"], "db", "upgrade")
-        servers = [reference(new_url, logs)]
+        starts: list[Callable[[], Server]] = [partial(reference, new_url, logs)]
         for name, label in (("baseline", args.baseline), ("current", "current")):
             key = layerswap(envs[name], "keys", "create", "--tenant", "default")
-            servers.append(serve(label, envs[name], logs))
-            on = serve(f"{label} auth", envs[name], logs, LAYERSWAP_AUTH="true")
-            on.headers, on.lists = {"Authorization": f"Bearer {key}"}, False
-            servers.append(on)
-        for server in servers:
-            running.callback(server.process.stop)
-        for server in servers:
-            wait_ready(server)
-        return run_rounds(kind, servers, ids, args)
+            starts.append(partial(serve, label, envs[name], logs))
+            starts.append(partial(with_key, label, envs[name], logs, key))
+        return run_rounds(kind, starts, ids, args)
+
+
+def with_key(label: str, env: dict[str, str], logs: Path, key: str) -> Server:
+    """`layerswap serve` with auth on, polled with `key`."""
+    server = serve(f"{label} auth", env, logs, LAYERSWAP_AUTH="true")
+    server.headers, server.lists = {"Authorization": f"Bearer {key}"}, False
+    return server
 
 
 def complaints(server: Server, lines: int = 12) -> str:
@@ -300,31 +333,52 @@ def wait_ready(server: Server) -> None:
 
 
 def run_rounds(
-    kind: str, servers: list[Server], ids: list[str], args: argparse.Namespace
+    kind: str, starts: list[Callable[[], Server]], ids: list[str], args: argparse.Namespace
 ) -> StoreResult:
+    """Each server runs only while it is measured: idle servers of the baseline's code keep up
+    to 40 PostgreSQL connections each (a pool as large as their request threads), and four at
+    once took the machine's PostgreSQL to its 100 connections."""
     result = StoreResult(kind, len(ids))
     for round_ in range(args.rounds):
-        order = servers[round_ % len(servers) :] + servers[: round_ % len(servers)]
-        for server in order:
-            sample = run_loop(poll(server, ids, args.pollers, args.warmup, args.duration))
-            result.polls.setdefault(server.name, []).append(sample)
-            if sample.failures:
-                print(complaints(server), flush=True)
-            print(
-                f"[{kind}] round {round_ + 1} poll {server.name}: {sample.rps:.0f}/s, "
-                f"{sample.cpu_us:.0f} µs CPU/request, failed: {dict(sample.statuses)}",
-                flush=True,
-            )
-        for server in (s for s in order if s.lists):
-            sample = run_loop(poll(server, ids, 1, 1.0, args.duration, pages=True))
-            result.lists.setdefault(server.name, []).append(sample)
-            print(
-                f"[{kind}] round {round_ + 1} list {server.name}: "
-                f"{sample.cpu_us / 1000:.2f} ms CPU/page ({sample.system_us / 1000:.2f} kernel), "
-                f"failed: {dict(sample.statuses)}",
-                flush=True,
-            )
+        turn = round_ % len(starts)
+        for start in starts[turn:] + starts[:turn]:
+            server = start()
+            try:
+                wait_ready(server)
+                measure(kind, round_, server, ids, args, result)
+            finally:
+                server.process.stop()
     return result
+
+
+def measure(
+    kind: str,
+    round_: int,
+    server: Server,
+    ids: list[str],
+    args: argparse.Namespace,
+    result: StoreResult,
+) -> None:
+    sample = run_loop(poll(server, ids, args.pollers, args.warmup, args.duration))
+    result.polls.setdefault(server.name, []).append(sample)
+    if sample.failures:
+        print(complaints(server), flush=True)
+    print(
+        f"[{kind}] round {round_ + 1} poll {server.name}: {sample.rps:.0f}/s, "
+        f"{sample.cpu_us:.0f} µs CPU/request, failed: {dict(sample.statuses)}",
+        flush=True,
+    )
+    if not server.lists:
+        return
+    for walk, pages in (("first pages", args.jobs // 50), ("whole list", args.listed)):
+        sample = run_loop(poll(server, ids, 1, 1.0, args.duration, pages=pages))
+        result.lists.setdefault(f"{server.name}, {walk}", []).append(sample)
+        print(
+            f"[{kind}] round {round_ + 1} list {server.name}, {walk}: "
+            f"{sample.cpu_us / 1000:.2f} ms CPU/page ({sample.system_us / 1000:.2f} kernel), "
+            f"failed: {dict(sample.statuses)}",
+            flush=True,
+        )
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -399,13 +453,17 @@ def markdown(results: list[StoreResult], args: argparse.Namespace, meta: dict[st
             f"{meta['busy_before']} % busy in the 3 s before the run. {meta['versions']}.",
             "",
             f"Each store holds {args.jobs} finished layer swaps of the example checkpoints, made "
-            "through the API. Every server is one process with uvicorn's defaults "
+            f"through the API, and copies of their rows up to {args.listed} jobs. Every server "
+            "is one process with uvicorn's defaults "
             "(`layerswap serve`; the reference: bench/reference_app.py with the same "
-            "`uvicorn.run` settings), all running at once; "
+            "`uvicorn.run` settings), started for its turn and stopped after it; "
             f"{args.rounds} rounds, each measuring every server in turn in a rotating order: "
             f"{args.pollers} closed-loop pollers of `GET /v1/merges/{{id}}` ({args.warmup:g} s "
             f"unmeasured, {args.duration:g} s measured), then one client walking "
-            f"`GET /v1/merges?limit=50` page by page for {args.duration:g} s. Figures: the "
+            f"`GET /v1/merges?limit=50` page by page (1 s unmeasured, {args.duration:g} s), "
+            f"over the first {args.jobs // 50} pages (answers kept), then over the whole list "
+            f"({args.listed} jobs, the merges' rows copied with new ids: answers made anew, "
+            "since a process keeps 4096). Figures: the "
             "median over the rounds (range in parentheses); CPU: the server process's user + "
             "system time over the measured window divided by the requests answered in it.",
             "",
@@ -422,6 +480,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", choices=[*STORES, "both"], default="both")
     parser.add_argument("--baseline", default="19e014a", metavar="GIT_REF")
     parser.add_argument("--jobs", type=int, default=200, help="finished merges in each store")
+    parser.add_argument(
+        "--listed", type=int, default=6000,
+        help="jobs in each store once the merges are copied (more than an API process keeps "
+        "answers for: 4096)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pollers", type=int, default=64)
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds")
