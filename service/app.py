@@ -1,4 +1,9 @@
-"""create_app(settings): the FastAPI application with its store and executor."""
+"""create_app(settings): the FastAPI application with its store and executor.
+
+The API's description (/docs, /redoc, /openapi.json, and /v1/methods in meta.py) answers without
+a key, auth on or off: it is made from the code alone, the same for every deployment and tenant,
+and a client reads it before it holds a key. Every other route needs a tenant's key, /metrics the
+operator's token (tests/service/test_api_security.py enumerates the routes)."""
 
 from __future__ import annotations
 
@@ -70,11 +75,6 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         context.close()
         db.dispose()
 
-    # The API's description (/docs, /redoc, /openapi.json, and /v1/methods in meta.py) answers
-    # without a key, auth on or off: it is made from the code alone, the same for every
-    # deployment and tenant, and a client reads it before it holds a key. Every other route
-    # needs a tenant's key, /metrics the operator's token (tests/service/test_api_security.py
-    # enumerates the routes).
     app = FastAPI(
         title="Layerswap",
         version="0.1.0",

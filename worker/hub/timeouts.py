@@ -18,7 +18,7 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,22 +90,18 @@ class _Backend(httpcore2.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore2.NetworkStream:
-        limit = _limits.timeout_s
-        try:
-            stream = self._inner.connect_tcp(host, port, limit, local_address, socket_options)
-        except httpcore2.ConnectTimeout:
-            raise HubStalled(f"no connection to the Hub within {limit:g} s") from None
-        return _Stream(stream)
+        return _opened(
+            "connection to",
+            lambda limit: self._inner.connect_tcp(host, port, limit, local_address, socket_options),
+        )
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore2.NetworkStream:
-        limit = _limits.timeout_s
-        try:
-            stream = self._inner.connect_unix_socket(path, limit, socket_options)
-        except httpcore2.ConnectTimeout:
-            raise HubStalled(f"no connection to the Hub within {limit:g} s") from None
-        return _Stream(stream)
+        return _opened(
+            "connection to",
+            lambda limit: self._inner.connect_unix_socket(path, limit, socket_options),
+        )
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -162,12 +158,20 @@ class _Stream(httpcore2.NetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore2.NetworkStream:
-        limit = _limits.timeout_s
-        try:
-            tls = self._inner.start_tls(ssl_context, server_hostname, limit)
-        except httpcore2.ConnectTimeout:
-            raise HubStalled(f"no TLS session with the Hub within {limit:g} s") from None
-        return _Stream(tls)
+        return _opened(
+            "TLS session with",
+            lambda limit: self._inner.start_tls(ssl_context, server_hostname, limit),
+        )
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
+
+
+def _opened(what: str, open_within: Callable[[float], httpcore2.NetworkStream]) -> _Stream:
+    """A connection or TLS session opened within the Hub limit, else HubStalled saying which."""
+    limit = _limits.timeout_s
+    try:
+        stream = open_within(limit)
+    except httpcore2.ConnectTimeout:
+        raise HubStalled(f"no {what} the Hub within {limit:g} s") from None
+    return _Stream(stream)
