@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command from a clean clone: set everything up, lint, type-check and run the whole test suite.
+# One command from a clean clone: set everything up, lint, type-check, build the docs (--strict:
+# a broken link or a missing page fails) and run the whole test suite.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
@@ -12,5 +13,7 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== docs"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 echo "== pytest"
 .venv/bin/python -m pytest "$@"
