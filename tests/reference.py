@@ -1,7 +1,7 @@
 """Independent, deliberately naive reference implementations and file helpers for the tests.
 
 Nothing here imports the engine: the reference reads checkpoints with `safetensors.torch`
-(or parses the raw header with `json`/`struct`) and computes the formulas of README.md
+(or parses the raw header with `json`/`struct`) and computes the formulas of docs/concepts/
 ("Semantics, precisely") directly on whole tensors in memory, so an engine bug cannot hide
 behind a shared helper.
 """
@@ -86,7 +86,7 @@ def layer_of(name: str) -> int | None:
 
 
 def swap_region(layer: int, num_layers: int, b: int, u: int, tb: int, tu: int) -> str:
-    """README.md's layer-swap rule, written out from the two ends inwards."""
+    """The layer-swap rule (docs/concepts/layer-swap.md), written out from the two ends inwards."""
     if layer < b or layer >= num_layers - u:
         return "language"
     if layer < b + tb or layer >= num_layers - u - tu:
@@ -102,7 +102,7 @@ def combine(coefficients: Sequence[float], tensors: Sequence[torch.Tensor]) -> t
     return acc
 
 
-# -- magnitude weights (README.md) -------------------------------------------------------
+# -- magnitude weights (docs/concepts/layer-swap.md) -------------------------------------
 def magnitude(expert: Tensors, base: Tensors) -> float:
     """Mean over every 1-D/2-D tensor's row MAVs of |expert − base| (a 1-D tensor is one row)."""
     row_mavs = []
@@ -120,7 +120,7 @@ def inverse_weights(magnitudes: Sequence[float]) -> list[float]:
     return [x / sum(inverse) for x in inverse]
 
 
-# -- TIES (README.md) --------------------------------------------------------------------
+# -- TIES (docs/concepts/methods.md) -----------------------------------------------------
 def top_k_mask(magnitude: torch.Tensor, density: float) -> torch.Tensor:
     """Exactly k = ceil(density·n) largest entries; among equal values the first in flat order."""
     flat = magnitude.flatten()

@@ -297,7 +297,7 @@ def test_magnitude_transitions_with_several_experts_per_role(
         task_soup, language_soup = [1 / 2] * 2, [1 / 3] * 3
     else:
         task_soup, language_soup = inverse_weights(m_tasks), inverse_weights(m_languages)
-    # A role's magnitude is the soup-weighted mean of its experts' magnitudes (README).
+    # A role's magnitude is the soup-weighted mean of its experts' magnitudes (docs/concepts).
     m_task = sum(w * m for w, m in zip(task_soup, m_tasks, strict=True))
     m_language = sum(w * m for w, m in zip(language_soup, m_languages, strict=True))
     w_task, w_language = inverse_weights([m_task, m_language])

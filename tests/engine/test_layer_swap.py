@@ -1,4 +1,4 @@
-"""Layer swapping (README.md, "Semantics, precisely") against an independent in-memory reference."""
+"""Layer swapping (docs/concepts/layer-swap.md) against an independent in-memory reference."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def test_several_experts_per_role(
     out = load(result.out_dir)
     assert set(out) == set(task_models[0])
     for name in task_models[0]:
-        # Soup each role first, then mix: the straightforward reading of README.md's rule.
+        # Soup each role first, then mix: the straightforward reading of the documented rule.
         t_soup = combine(task_soup, [m[name] for m in task_models])
         l_soup = combine(language_soup, [m[name] for m in language_models])
         origin = expected_origin(name, fam.num_layers, {**DEFAULTS, **params})

@@ -1,4 +1,4 @@
-"""TIES (README.md) against a whole-tensor in-memory reference, incl. the radix-select path."""
+"""TIES (docs/concepts/methods.md) against a whole-tensor reference, incl. the radix-select path."""
 
 from __future__ import annotations
 
