@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from service.schemas import ErrorBody, JobRead
+from service.schemas import JobView
 from service.settings import Settings
 
 # Operator configuration that a job's result may record: not shown to tenants.
@@ -48,7 +48,7 @@ class Exposure:
     def value(self, value: Any, key: str | None = None) -> Any:
         return value
 
-    def job(self, view: JobRead) -> JobRead:
+    def job(self, view: JobView) -> JobView:
         return view
 
 
@@ -90,16 +90,19 @@ class TenantExposure(Exposure):
             return self.location(value) if key == "location" else self.text(value)
         return value
 
-    def job(self, view: JobRead) -> JobRead:
-        if view.error is not None:
-            error = view.error
-            view.error = ErrorBody(
-                code=error.code, message=self.text(error.message), details=self.value(error.details)
-            )
-        if view.output is not None:
-            view.output.location = self.location(view.output.location)
-        if view.result is not None:
-            view.result = self.value(view.result)
+    def job(self, view: JobView) -> JobView:
+        error = view["error"]
+        if error is not None:
+            view["error"] = {
+                "code": error["code"],
+                "message": self.text(error["message"]),
+                "details": self.value(error["details"]),
+            }
+        output = view["output"]
+        if output is not None:
+            view["output"] = {**output, "location": self.location(output["location"])}
+        if view["result"] is not None:
+            view["result"] = self.value(view["result"])
         return view
 
     def _shown(self, written: str) -> str:

@@ -16,11 +16,11 @@ merges whose answers are kept fell from ~7 ms of CPU to ~2 ms.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from psycopg.types.string import TextLoader
+from pydantic_core import from_json
 from sqlalchemy import (
     JSON,
     Dialect,
@@ -143,14 +143,18 @@ def driver_select(dialect: Dialect) -> str:
 def driver_processors(dialect: Dialect) -> Processors:
     """What SQLAlchemy would make of each column of a row read by `fetch` or `driver_select`:
     on SQLite its own conversions (JSON text, datetimes as text, booleans as integers); on
-    PostgreSQL the JSON, read as text; None where the value stands as it is."""
+    PostgreSQL the JSON, read as text; None where the value stands as it is. JSON is decoded
+    by pydantic's parser, which makes the same values as the json module in less than half
+    its time (a list page decodes ~350 documents)."""
     if dialect.name == "sqlite":
         return tuple(
-            column.type.dialect_impl(dialect).result_processor(dialect, None)
+            from_json
+            if isinstance(column.type, JSON)
+            else column.type.dialect_impl(dialect).result_processor(dialect, None)
             for column in _SELECT.selected_columns
         )
     return tuple(
-        json.loads if isinstance(column.type, JSON) else None for column in _SELECT.selected_columns
+        from_json if isinstance(column.type, JSON) else None for column in _SELECT.selected_columns
     )
 
 
@@ -160,12 +164,20 @@ def driver_value(dialect: Dialect, row: Sequence[Any], at: int) -> Any:
     return row[at] if process is None or row[at] is None else process(row[at])
 
 
-def processed(values: Sequence[Any], processors: Processors) -> tuple[Any, ...]:
+def processed(values: Sequence[Any], processors: Processors) -> list[Any]:
     """A driver's row as SQLAlchemy would hand it back."""
-    return tuple(
-        value if process is None or value is None else process(value)
-        for process, value in zip(processors, values, strict=True)
-    )
+    converted = list(values)
+    for at, process in _active(processors):
+        value = converted[at]
+        if value is not None:
+            converted[at] = process(value)
+    return converted
+
+
+@functools.cache
+def _active(processors: Processors) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    """The processors that convert something, with their columns' positions."""
+    return tuple((at, process) for at, process in enumerate(processors) if process is not None)
 
 
 def job_of(row: Sequence[Any]) -> Job:

@@ -14,7 +14,7 @@ from service.api.polling import CONDITIONAL, WaitQuery
 from service.errors import Conflict, NotFound
 from service.exposure import exposure_for
 from service.lineage import get_artifact
-from service.schemas import AnalysisCreate, JobRead, job_read
+from service.schemas import AnalysisCreate, JobRead, JobView, job_read
 from service.sources import resolve_source
 from worker.analysis_jobs import analysis_dir
 
@@ -28,7 +28,7 @@ def submit_analysis(
     context: ContextDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> JobRead:
+) -> JobView:
     resolve_source(body.base, context.settings, tenant, field="base")
     for i, expert in enumerate(body.experts):
         resolve_source(expert.path, context.settings, tenant, field=f"experts.{i}.path")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from service.schemas import JobView, view_json
 
 KEPT_ANSWERS = 4096  # ~2.5 kB of JSON and a few kB of row each: ~30 MB at most
 
@@ -34,14 +34,14 @@ class Answer:
         return self.version is self.body
 
 
-def answer(view: BaseModel) -> Answer:
+def answer(view: JobView) -> Answer:
     """A job view's JSON, and its version without the ETA (which moves as time passes: an ETag
     over it would change on every read, and a long poll would never wait)."""
-    body = view.model_dump_json().encode()
-    progress = getattr(view, "progress", None)
-    if getattr(progress, "eta_s", None) is None:  # no ETA (every ended job): one dump
+    body = view_json(view)
+    progress = view["progress"]
+    if progress["eta_s"] is None:  # no ETA (every ended job): one dump
         return Answer(body, body)
-    return Answer(body, view.model_dump_json(exclude={"progress": {"eta_s"}}).encode())
+    return Answer(body, view_json({**view, "progress": {**progress, "eta_s": None}}))
 
 
 def etag_of(version: bytes) -> str:

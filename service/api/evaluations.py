@@ -25,15 +25,15 @@ from service.evaluations import (
     target_of,
 )
 from service.exposure import exposure_for
-from service.schemas import JobPage, JobRead, job_read
+from service.schemas import JobPage, JobRead, JobView, job_read
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
 
 
-def read_evaluation(context: Any, job: Any) -> JobRead:
+def read_evaluation(context: Any, job: Any) -> JobView:
     view = job_read(job)
     if job.status == jobs.SUCCEEDED:
-        view.result = {**(job.result or {}), "scores": scores_of_job(context.db, job)}
+        view["result"] = {**(job.result or {}), "scores": scores_of_job(context.db, job)}
     return exposure_for(context.settings).job(view)
 
 
@@ -44,7 +44,7 @@ def submit_evaluation(
     context: ContextDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> JobRead:
+) -> JobView:
     """Queue an evaluation; tasks, backend and target are checked now (422/501)."""
     check_spec(body.evaluation, context.settings)
     target = target_of(body, context.db, context.settings, tenant)
@@ -105,7 +105,7 @@ async def get_evaluation(
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
-def cancel_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+def cancel_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobView:
     """Cooperative: a running evaluation stops between batches of requests."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
     job = jobs.request_cancel(context.db, tenant=tenant, job_id=job_id)

@@ -32,13 +32,13 @@ from service.lineage import get_artifact
 from service.preflight import check_headers
 from service.schemas import (
     EventRead,
-    FileRead,
     JobPage,
     JobRead,
+    JobView,
     MergeRequest,
-    OutputRead,
-    PublishedRead,
     job_read,
+    published_view,
+    view_json,
 )
 from service.sources import resolve_source
 from service.webhooks.endpoints import check_webhook_url
@@ -55,25 +55,24 @@ SSE_RETRY_AFTER_S = 5  # Retry-After of a 429 for too many open streams
 MAX_EVENT_ID = 2**63 - 1  # larger ids cannot be compared in SQLite (OverflowError)
 
 
-def read_job(context: Context, job: Job) -> JobRead:
+def read_job(context: Context, job: Job) -> JobView:
     output = None
     if job.output_artifact_id:
         artifact = loaded_output(job) or get_artifact(
             context.db, tenant=job.tenant_id, artifact_id=job.output_artifact_id
         )
-        files = [FileRead(name=n, sha256=s) for n, s in sorted(artifact.files.items())]
-        output = OutputRead(
-            artifact_id=artifact.id,
-            name=job.output_name,
-            location=artifact.location,
-            files=files,
-            published=[PublishedRead(**p) for p in artifact.published or []],
-        )
+        output = {
+            "artifact_id": artifact.id,
+            "name": job.output_name,
+            "location": artifact.location,
+            "files": [{"name": n, "sha256": s} for n, s in sorted(artifact.files.items())],
+            "published": published_view(artifact.published),
+        }
     view = job_read(job, output)
     evaluation_id = (job.result or {}).get("evaluation_job_id")
     if evaluation_id:
         evaluation = jobs.get(context.db, tenant=job.tenant_id, job_id=evaluation_id)
-        view.result = {
+        view["result"] = {
             **(job.result or {}),
             "evaluation": {
                 "job_id": evaluation.id,
@@ -193,7 +192,7 @@ def _submit_merge(
     job, created = jobs.submit(context.db, context.settings, new)
     if created:
         context.executor.dispatch(job.id, job.kind)
-    return job.id, read_job(context, job).model_dump_json().encode()
+    return job.id, view_json(read_job(context, job))
 
 
 PAGE_LIMIT = 200  # most merges on a page
@@ -302,7 +301,7 @@ def shows_only_its_rows(job: Job) -> bool:
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
-def cancel_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobRead:
+def cancel_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobView:
     """Cooperative: a running merge stops between tensors and leaves no output."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
     return read_job(context, jobs.request_cancel(context.db, tenant=tenant, job_id=job_id))

@@ -21,7 +21,6 @@ from typing import Annotated, Any
 
 from anyio import CapacityLimiter, to_thread
 from fastapi import Query, Request, Response
-from pydantic import BaseModel
 
 from service import jobs
 from service.api.answers import Kept, answer, etag_of
@@ -31,6 +30,7 @@ from service.db.models import Job
 from service.errors import NotFound
 from service.job_rows import ID, KIND, TENANT, driver_processors, job_of, processed
 from service.jobs import is_id
+from service.schemas import JobView
 
 MAX_WAIT_S = 60.0
 # Job reads are short, and a few threads do them faster than many: the request pool's 40
@@ -80,7 +80,7 @@ async def read_job(
     tenant: str,
     job_id: str,
     kind: str,
-    view: Callable[[Job], BaseModel],
+    view: Callable[[Job], JobView],
     wait: float | None,
     reusable: Callable[[Job], bool] | None = None,
 ) -> Response:
@@ -107,7 +107,7 @@ async def read_job(
 def answer_for(
     context: Context,
     row: Sequence[Any],
-    view: Callable[[Job], BaseModel],
+    view: Callable[[Job], JobView],
     reusable: Callable[[Job], bool] | None,
 ) -> Kept:
     """The answer to a read of the job whose row (service/job_rows.py, the driver's values)
@@ -128,7 +128,7 @@ def answer_for(
 async def answers_for(
     context: Context,
     rows: Sequence[Sequence[Any]],
-    view: Callable[[Job], BaseModel],
+    view: Callable[[Job], JobView],
     reusable: Callable[[Job], bool] | None,
 ) -> list[bytes]:
     """answer_for each row, their JSON: given from those kept on the event loop when all are,

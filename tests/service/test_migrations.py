@@ -14,7 +14,7 @@ from service.db.models import ApiKey, Artifact, Job, JobEvent, LineageEdge, Tena
 from service.db.session import Database
 from service.lineage import artifact_dict, graph
 from service.quota import usage
-from service.schemas import job_read
+from service.schemas import JobRead, job_read
 
 WHEN = datetime(2026, 11, 1, 12, 30, 15, 123456, tzinfo=UTC)
 REQUEST = {
@@ -136,7 +136,7 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
             ]
             assert usage(session, "team-a") == 0  # sizes unknown before 0003 count nothing
 
-        read = job_read(job)
+        read = JobRead.model_validate(job_read(job))
         assert (read.status, read.attempts, read.request) == ("succeeded", 2, REQUEST)
         assert read.progress.bytes_done == 1 << 33 and read.progress.fraction == 1.0
         assert read.sources == []
