@@ -16,8 +16,11 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
 
 WORKDIR /app
 COPY pyproject.toml README.md constraints.txt ./
+COPY engine engine
+COPY core core
 COPY service service
 COPY worker worker
+COPY layerswap layerswap
 COPY migrations migrations
 COPY client client
 # Editable, so the Alembic migrations are found beside the code they belong to.

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.run import layerswap_recipes  # noqa: E402
-from worker.engine.merge import MergeOptions, merge  # noqa: E402
-from worker.engine.recipe import parse_recipe  # noqa: E402
+from engine.merge import MergeOptions, merge  # noqa: E402
+from engine.recipe import parse_recipe  # noqa: E402
 
 
 def timed_merge(recipe: dict[str, Any], out: Path, device: str) -> float:

@@ -7,7 +7,7 @@ The model is a synthetic Llama (worker.examples, float32) and the task the shipp
 `mgsm_local_direct_sw` on made-up rows (8 exemplars, `--docs` questions), 8-shot, greedy,
 `--max-gen-toks` new tokens. Each rep runs the three in turn:
 
-- `lm-eval run --model hf ... --include_path worker/evaluation/tasks` (a process of its own,
+- `lm-eval run --model hf ... --include_path core/evaluation/tasks` (a process of its own,
   imports included);
 - `layerswap evaluate` (likewise a process of its own);
 - a job: `POST /v1/evaluations` to a `layerswap serve` already up (embedded default, a fresh

@@ -48,8 +48,8 @@ def recipe(preset: str, shas: dict[str, str]) -> dict[str, Any]:
 
 def child(spec: dict[str, Any], cache: Path) -> None:
     """Fetch the recipe's inputs with whatever `worker` is first on sys.path; print figures."""
-    from worker.engine.recipe import parse_recipe
-    from worker.hub.fetch import fetch_inputs
+    from core.hub.fetch import fetch_inputs
+    from engine.recipe import parse_recipe
 
     started = time.perf_counter()
     fetched = fetch_inputs(parse_recipe(spec), cache_dir=cache, token=None, local=Path)
@@ -60,8 +60,8 @@ def child(spec: dict[str, Any], cache: Path) -> None:
 
 def tensors_read(spec: dict[str, Any], models: dict[str, Path]) -> int:
     """Bytes of the input tensors the layer swap's plan reads, from the local copies."""
-    from worker.engine.planner import make_plan
-    from worker.engine.recipe import parse_recipe
+    from engine.planner import make_plan
+    from engine.recipe import parse_recipe
 
     local = json.loads(json.dumps(spec))
     local["experts"] = {"task": [str(models["task"])], "language": [str(models["lang"])]}

@@ -460,7 +460,7 @@ def reference_check(
     average rounded once). sample=0 checks every tensor."""
     import torch
 
-    from worker.engine.checkpoint import layer_index
+    from engine.checkpoint import layer_index
 
     got = Tensors(out)
     inputs = {k: Tensors(models[k]) for k in ("task", "lang")}
@@ -718,11 +718,11 @@ def fill_sha256_cache(cache: Path, models: tuple[Path, ...]) -> None:
     rows are warm-cache figures (the cold-cache row is the other), and without warm-up runs
     the first of them would otherwise hash 10 GB of inputs."""
     sys.path.insert(0, str(ROOT))
-    from worker.engine.digests import file_sha256
+    from engine.digests import file_sha256
 
     for model in models:
         for path in sorted(p for p in model.iterdir() if p.is_file()):
-            file_sha256(path, cache / "sha256")  # as service/cli.py lays out its cache
+            file_sha256(path, cache / "sha256")  # as layerswap/cli/common.py lays out its cache
 
 
 def rounds(cases: list[Case], warmup: int, reps: int) -> Iterator[tuple[int, Case]]:

@@ -1,11 +1,11 @@
-"""Alembic environment: the URL comes from the caller's Config (service.db.migrate)."""
+"""Alembic environment: the URL comes from the caller's Config (core.db.migrate)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from service.db.models import Base
+from core.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,4 +1,5 @@
-"""create_app(settings): the FastAPI application with its store and executor.
+"""create_app(settings, executor=...): the FastAPI application with its store and the executor
+its caller chose (layerswap/app.py: local or celery).
 
 The API's description (/docs, /redoc, /openapi.json, and /v1/methods in meta.py) answers without
 a key, auth on or off: it is made from the code alone, the same for every deployment and tenant,
@@ -12,6 +13,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from core.changes import Listener
+from core.db.session import Database
+from core.hub import timeouts as hub_timeouts
+from core.jobs import Executor
+from core.settings import Settings
 from service.api import (
     analyses,
     artifacts,
@@ -24,30 +30,17 @@ from service.api import (
 )
 from service.api.deps import Context
 from service.api.middleware import RequestGuard
-from service.changes import Listener
 from service.collector import LongLivedFreezer
-from service.db.session import Database
-from service.jobs import Executor
 from service.reconciler import Reconciler
-from service.settings import Settings
 from service.webhooks.delivery import Deliverer
-from worker.hub import timeouts as hub_timeouts
 
 
-def make_executor(db: Database, settings: Settings) -> Executor:
-    from worker.executors import CeleryExecutor, LocalExecutor
-
-    if settings.executor == "celery":
-        return CeleryExecutor(settings)
-    return LocalExecutor(db, settings)
-
-
-def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
-    """The schema must already be migrated (`layerswap db upgrade`; `serve` does it)."""
-    db = Database(settings.database)
+def create_app(settings: Settings, *, executor: Executor, db: Database | None = None) -> FastAPI:
+    """The app, running jobs through `executor` and owning `db` (made from settings when not
+    given; disposed at shutdown). The schema must already be migrated (`layerswap db upgrade`;
+    `serve` does it)."""
+    db = db or Database(settings.database)
     hub_timeouts.configure(settings.hub_timeout_s, settings.hub_min_bytes_per_s)  # submit pins
-    if executor is None:
-        executor = make_executor(db, settings)
     context = Context(settings=settings, db=db, executor=executor)
     reconciler = Reconciler(db, settings, executor)
     deliverer = Deliverer(db, settings)
@@ -90,9 +83,3 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     return app
-
-
-def app_from_environment() -> FastAPI:
-    """The app from LAYERSWAP_* alone: what each process of `layerswap serve --workers N` runs
-    (the schema is migrated once, by `serve`, before they start)."""
-    return create_app(Settings())

@@ -17,10 +17,10 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
-from service.db.models import ApiKey, Tenant, as_utc, utcnow
-from service.db.session import Database
-from service.errors import InvalidRequest, NotFound, Unauthorized
-from service.jobs import new_id
+from core.db.models import ApiKey, Tenant, as_utc, utcnow
+from core.db.session import Database
+from core.errors import InvalidRequest, NotFound, Unauthorized
+from core.jobs import new_id
 
 PREFIX = "lsk_"
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from core.settings import Settings
 from service.schemas import JobView
-from service.settings import Settings
 
 # Operator configuration that a job's result may record: not shown to tenants.
 HIDDEN_KEYS = frozenset({"tracking_uri"})

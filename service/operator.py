@@ -11,8 +11,8 @@ import hmac
 
 from pydantic import SecretStr
 
+from core.errors import Forbidden, Unauthorized
 from service.auth import PREFIX
-from service.errors import Forbidden, Unauthorized
 
 
 def check_operator(token: SecretStr | None, authorization: str | None) -> None:

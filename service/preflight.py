@@ -20,11 +20,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.settings import Settings
-from service.sources import resolve_source
-from worker.engine.planner import make_plan
-from worker.engine.recipe import Recipe, named_sources, recipe_to_dict
-from worker.hub.refs import is_hub_source
+from core.hub.refs import is_hub_source
+from core.settings import Settings
+from core.sources import resolve_source
+from engine.planner import make_plan
+from engine.recipe import Recipe, named_sources, recipe_to_dict
 
 REMEMBERED = 256  # checks that passed, least recently used forgotten first
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import jobs
-from service.db.models import Job, as_utc, utcnow
-from service.db.session import Database
-from service.jobs import Executor
-from service.settings import Settings
+from core import jobs
+from core.db.models import Job, as_utc, utcnow
+from core.db.session import Database
+from core.jobs import Executor
+from core.output_manifest import remove_orphan
+from core.settings import Settings
 from service.sweeps.advance import advance_all
-from worker.outputs import remove_orphan
 
 log = logging.getLogger("layerswap.reconciler")
 

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
-from service.db.models import Job, as_utc
-from service.kinds import kind_of
-from worker.engine.recipe import LayerSwapRecipe, SoupRecipe, TaskArithmeticRecipe, TiesRecipe
-from worker.evaluation.spec import EvaluationSpec
+from core.db.models import Job, as_utc
+from core.evaluation.spec import EvaluationSpec
+from core.kinds import kind_of
+from engine.recipe import LayerSwapRecipe, SoupRecipe, TaskArithmeticRecipe, TiesRecipe
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 

@@ -169,8 +169,8 @@ Merge = Callable[..., Any]
 @pytest.fixture
 def run_merge(tmp_path: Path) -> Merge:
     """run_merge(recipe_dict, out=None, **MergeOptions) -> MergeResult (sources are paths)."""
-    from worker.engine.merge import MergeOptions, merge
-    from worker.engine.recipe import parse_recipe
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
 
     counter = iter(range(1_000_000))
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from service.cli import cli
-from service.settings import Settings
+from core.settings import Settings
+from layerswap.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

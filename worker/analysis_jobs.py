@@ -9,22 +9,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service import jobs
-from service.db.models import Job, utcnow
-from service.db.session import Database
-from service.lineage import analyses_root, get_or_create_artifact, stored_size
-from service.settings import Settings
-from service.sources import resolve_source
+from core import jobs
+from core.db.models import Job, utcnow
+from core.db.session import Database
+from core.lineage import analyses_root, get_or_create_artifact, stored_size
+from core.settings import Settings
+from core.sources import resolve_source
+from engine.analysis_files import write_analysis
+from engine.digests import file_sha256
 from worker.lease import JobLease, settle, write_with_retry
-
-
-def analysis_dir(settings: Settings, job: Job) -> Path:
-    """Where a finished analysis's files are: the location it recorded, or, for analyses from
-    before that was recorded, where they were written then."""
-    stored = (job.result or {}).get("location")
-    if isinstance(stored, str):
-        return Path(stored)
-    return settings.artifacts_dir / job.tenant_id / "analyses" / job.id
 
 
 @dataclass(frozen=True)
@@ -35,8 +28,9 @@ class Analysis:
 
 
 def run_analysis(job: Job, settings: Settings) -> Analysis:
-    from worker.engine.analysis import analyze
-    from worker.engine.digests import file_sha256
+    # torch: loaded by the first analysis, not by every process that can run jobs (the API's
+    # in-process executor among them)
+    from engine.analysis import analyze
 
     request = job.request
     tenant = job.tenant_id
@@ -52,7 +46,7 @@ def run_analysis(job: Job, settings: Settings) -> Analysis:
         language=request.get("language"),
     )
     out = analyses_root(settings) / tenant / job.id
-    written = result.write(out)
+    written = write_analysis(result, out)
     data = result.to_json()
     summary = {
         "files": [p.name for p in written],

@@ -13,9 +13,11 @@ from typing import Any
 
 from celery import Celery
 
-from service.kinds import QUEUES as KIND_QUEUES
-from service.kinds import kind_of
-from service.settings import Settings
+from core.db.session import Database
+from core.kinds import QUEUES as KIND_QUEUES
+from core.kinds import kind_of
+from core.settings import Settings
+from worker.pipeline import run_job
 
 log = logging.getLogger("layerswap.celery")
 
@@ -82,9 +84,6 @@ def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
 
 def register_task(app: Celery, settings: Settings) -> None:
     """The worker's task: the same run_job the in-process executor calls."""
-    from service.db.session import Database
-    from worker.pipeline import run_job
-
     database: list[Database] = []  # opened on first use, in the process that runs tasks
 
     @app.task(name=TASK_NAME, ignore_result=True)  # type: ignore[untyped-decorator]

@@ -15,18 +15,26 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import jobs
-from service.db.models import Artifact, EvaluationScore, Job, LineageEdge, utcnow
-from service.db.session import Database
-from service.errors import NotFound, ServiceError
-from service.evaluations import evaluated_edge
-from service.lineage import content_digest, get_or_create_artifact
-from service.settings import Settings
-from service.sources import resolve_source
-from worker.evaluation.results import Score, write_samples
-from worker.evaluation.spec import EvaluationSpec
-from worker.evaluation.tasks import SHIPPED_TASKS
-from worker.hub.refs import is_hub_source
+from core import jobs
+from core.db.models import Artifact, EvaluationScore, Job, LineageEdge, utcnow
+from core.db.session import Database
+from core.errors import NotFound, ServiceError
+from core.evaluation.card import push_card, write_model_index
+from core.evaluation.results import Score, write_samples
+from core.evaluation.runner import evaluate
+from core.evaluation.spec import EvaluationSpec
+from core.evaluation.tasks import SHIPPED_TASKS, lm_eval_version
+from core.evaluations import evaluated_edge
+from core.hub.credentials import token_for
+from core.hub.fetch import fetch_model
+from core.hub.refs import is_hub_source
+from core.integrations.mlflow_registry import add_scores
+from core.lineage import content_digest, get_or_create_artifact
+from core.settings import Settings
+from core.sources import resolve_source
+from engine.digests import file_sha256
+from engine.recipe import LayerSwapRecipe
+from worker.inputs import fetch_hub_inputs, local_resolver
 from worker.lease import JobLease, settle, write_with_retry
 
 log = logging.getLogger("layerswap.evaluation")
@@ -85,7 +93,6 @@ class Target:
 
 
 def run_evaluation(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
-
     spec = EvaluationSpec.model_validate(job.request["evaluation"])
     with ExitStack() as stack:
         target = _target(job, db, settings, lease, stack)
@@ -96,9 +103,6 @@ def _evaluate_target(
     job: Job, db: Database, settings: Settings, lease: JobLease, spec: EvaluationSpec,
     target: Target,
 ) -> None:  # fmt: skip
-    from worker.evaluation.runner import evaluate
-    from worker.evaluation.tasks import lm_eval_version
-
     version = lm_eval_version()
     task_files = task_files_digest(settings.eval_tasks_dir)
     keys = {t: reuse_key(target.digest, t, spec, version, task_files) for t in spec.tasks}
@@ -169,8 +173,6 @@ def _tag_registered_versions(
 ) -> list[dict[str, Any]]:
     """Scores as tags of the MLflow versions of the merges that made this artifact. Best effort:
     a registry that is down leaves the evaluation succeeded (`tagged: false`, logged)."""
-    from service.integrations.mlflow_registry import add_scores
-
     if not scores or not settings.mlflow_tracking_uri:
         return []
     with db.session() as session:
@@ -200,8 +202,6 @@ def _target(
     """The artifact evaluated: named by id, a local source (hashed now, recorded as an input
     artifact) or a Hub model (downloaded whole into the Hub cache; `stack` removes the job's
     view of it when the evaluation is over)."""
-    from worker.engine.digests import file_sha256
-
     wanted = job.request["target"]
     if is_hub_source(wanted.get("source", "")):
         return _hub_target(job, db, settings, lease, stack)
@@ -256,10 +256,6 @@ def _artifact_for(
 def _hub_target(
     job: Job, db: Database, settings: Settings, lease: JobLease, stack: ExitStack
 ) -> Target:
-    from worker.engine.digests import file_sha256
-    from worker.hub.credentials import token_for
-    from worker.hub.fetch import fetch_model
-
     source = job.request["target"]["source"]  # pinned to a commit sha at submit
     token = token_for(
         job.request["target"].get("credential"),
@@ -290,9 +286,7 @@ def _in_memory_target(
     """A layer swap evaluated without writing it (sweeps): assembled from the experts in
     memory (Hub experts fetched as a merge fetches them: the shards the plan reads), recorded
     as an `in_memory` artifact named by the model's digest."""
-    from worker.engine.recipe import LayerSwapRecipe
-    from worker.evaluation.in_memory import assemble
-    from worker.pipeline import fetch_hub_inputs, local_resolver
+    from core.evaluation.in_memory import assemble  # imports torch and transformers
 
     recipe = LayerSwapRecipe.model_validate(job.request["target"]["layer_swap"])
     resolve = local_resolver(job, settings)
@@ -392,8 +386,6 @@ def _update_model_card(
     score known for the model, and so does its Hub copy (one commit; a retry finds the branch
     already holding that card and commits nothing). A failure here is reported in the result,
     not the job's: the scores are what matter, the card is a view of them."""
-    from worker.evaluation.card import push_card, write_model_index
-
     if target.location is None:
         return {"updated": False}  # assembled in memory: no card to update
     pending = [{**s.to_dict(), "lm_eval_version": version} for s in scores]

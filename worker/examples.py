@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from worker.engine.checkpoint import layer_index
+from engine.checkpoint import layer_index
 
 Arch = Literal["llama", "qwen2", "mistral", "gemma"]
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3

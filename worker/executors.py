@@ -9,14 +9,22 @@ import threading
 import uuid
 from datetime import timedelta
 
-from service import jobs
-from service.db.models import utcnow
-from service.db.session import Database
-from service.settings import Settings
+from core import jobs
+from core.db.models import utcnow
+from core.db.session import Database
+from core.settings import Settings
+from worker.celery_app import TASK_NAME, make_celery, queue_for, waiting_job_ids
 from worker.pipeline import run_job
 
 log = logging.getLogger("layerswap.executor")
 PUBLISH_BATCH = 256  # most messages sent in one Redis pipeline
+
+
+def make_executor(db: Database, settings: Settings) -> LocalExecutor | CeleryExecutor:
+    """The executor `settings.executor` names: `celery`, or the embedded default `local`."""
+    if settings.executor == "celery":
+        return CeleryExecutor(settings)
+    return LocalExecutor(db, settings)
 
 
 class LocalExecutor:
@@ -74,8 +82,6 @@ class CeleryExecutor:
     reconciler sends it again once Redis answers."""
 
     def __init__(self, settings: Settings) -> None:
-        from worker.celery_app import make_celery
-
         self.app = make_celery(settings, publisher=True)
         self._outbox: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._publish_loop, name="layerswap-publish")
@@ -99,15 +105,11 @@ class CeleryExecutor:
             return False
 
     def pending(self) -> set[str]:
-        from worker.celery_app import waiting_job_ids
-
         with self._outbox.mutex:
             unsent = {item[0] for item in self._outbox.queue if item is not None}
         return unsent | waiting_job_ids(self.app)
 
     def _publish_loop(self) -> None:
-        from worker.celery_app import TASK_NAME, queue_for
-
         while (first := self._outbox.get()) is not None:
             # Every message waiting now goes out in one batch: one Redis pipeline (one round
             # trip, one client) instead of a client, a connection checkout and a round trip

@@ -13,12 +13,12 @@ from sqlalchemy import update
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from service import jobs
-from service.changes import touched
-from service.db.models import Job, utcnow
-from service.db.session import Database
-from service.settings import Settings
-from worker.engine.progress import Progress
+from core import jobs
+from core.changes import touched
+from core.db.models import Job, utcnow
+from core.db.session import Database
+from core.settings import Settings
+from engine.progress import Progress
 
 log = logging.getLogger("layerswap.pipeline")
 EVENT_INTERVAL_S = 2.0

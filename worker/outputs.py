@@ -1,22 +1,25 @@
 """An output directory across attempts: what an earlier attempt left (leftovers to remove, or
-a complete output to adopt) and whose output a directory is."""
+a complete output to adopt), and an earlier job's identical output to reuse. Whose output a
+directory is: core/output_manifest.py."""
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
-from service import jobs
-from service.db.models import Job
-from service.errors import Conflict
-
-log = logging.getLogger("layerswap.outputs")
+from core import jobs
+from core.db.models import Artifact, Job
+from core.kinds import merge_recipe
+from core.output_manifest import output_owner, read_manifest
+from core.sources import resolve_source
+from engine.digests import file_sha256
+from engine.merge import MANIFEST, MergeResult
+from engine.planner import make_plan
+from engine.recipe import recipe_to_dict
 
 
 def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
@@ -25,9 +28,6 @@ def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
     An attempt that died after publishing (before recording) left a complete output: its
     manifest names this job and every file still has the sha256 it lists. Re-merging would
     only rewrite the same bytes, so the output is adopted as it is."""
-    from worker.engine.digests import file_sha256
-    from worker.engine.merge import MANIFEST, MergeResult
-
     manifest = read_manifest(out_dir)
     if manifest is None or manifest.get("job", {}).get("id") != job_id:
         return None
@@ -46,35 +46,7 @@ def made_by(out_dir: Path, job_id: str) -> bool:
     return output_owner(out_dir) == job_id
 
 
-def read_manifest(out_dir: Path) -> dict[str, Any] | None:
-    from worker.engine.merge import MANIFEST
-
-    try:
-        data = json.loads((out_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def output_owner(out_dir: Path) -> str | None:
-    """The id of the job whose manifest the output holds (None: no readable manifest)."""
-    manifest = read_manifest(out_dir)
-    job = manifest.get("job") if manifest else None
-    owner = job.get("id") if isinstance(job, dict) else None
-    return owner if isinstance(owner, str) else None
-
-
-def remove_orphan(out_dir: Path, job_id: str) -> bool:
-    """Remove an output that `job_id` published but never recorded, once that job has ended
-    without succeeding (canceled, or out of attempts after a lost attempt had published): it
-    would stay forever and hold its name. Only an output whose manifest names that job."""
-    if output_owner(out_dir) != job_id:
-        return False
-    shutil.rmtree(out_dir, ignore_errors=True)
-    return not out_dir.exists()
-
-
-# The engine's names beside an output (worker/engine/merge.py): staging directories
+# The engine's names beside an output (engine/merge.py): staging directories
 # `.{name}.staging-{job id}-a{attempt}-{12 hex}` and swapped-out `.{name}.old-{12 hex}`.
 _ATTEMPT_SUFFIX = re.compile(r"(\d+)-[0-9a-f]{12}")
 _OLD_SUFFIX = re.compile(r"[0-9a-f]{12}")
@@ -98,27 +70,6 @@ def remove_leftovers(out_dir: Path, job_id: str, attempt: int) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def free_name(session: Session, out_dir: Path, tenant: str) -> None:
-    """409 if an output already holds this name, unless that output is an orphan: published by
-    a job of this tenant's that then ended without succeeding (its manifest names the job),
-    which is removed. Never another job's live output, nor a succeeded job's."""
-    if not out_dir.exists():
-        return
-    owner_id = output_owner(out_dir)
-    owner = session.get(Job, owner_id) if owner_id and jobs.is_id(owner_id) else None
-    if (
-        owner is None
-        or owner.tenant_id != tenant
-        or owner.status not in (jobs.FAILED, jobs.CANCELED)
-    ):
-        raise Conflict(
-            f"output.name: an artifact named {out_dir.name!r} already exists",
-            details={"field": "output.name"},
-        )
-    remove_orphan(out_dir, owner.id)
-    log.warning("job %s ended %s: removed its orphaned output %s", owner.id, owner.status, out_dir)
-
-
 def identical_output(
     job: Job, recipe: Any, db: Any, settings: Any, should_cancel: Any = None
 ) -> tuple[str, Any] | None:
@@ -126,15 +77,6 @@ def identical_output(
     now: the same recipe (its output options aside), the same plan digest, the same bytes in
     every input file its manifest lists, and its output intact. Sweeps use it so a
     configuration tried before is not merged again."""
-    from sqlalchemy import select
-
-    from service.db.models import Artifact
-    from service.kinds import merge_recipe
-    from service.sources import resolve_source
-    from worker.engine.digests import file_sha256
-    from worker.engine.merge import MergeResult
-    from worker.engine.planner import make_plan
-    from worker.engine.recipe import recipe_to_dict
 
     def without_output(r: Any) -> str:
         return jobs.request_digest({k: v for k, v in recipe_to_dict(r).items() if k != "output"})

@@ -15,26 +15,33 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service import jobs
-from service.db.models import Job, utcnow
-from service.db.session import Database
-from service.errors import ServiceError
-from service.evaluations import follow_up_evaluation
-from service.integrations import openlineage
-from service.kinds import kind_of, merge_recipe
-from service.lineage import InputLink, get_or_create_artifact, link, stored_size
-from service.quota import space_reserver
-from service.settings import Settings
-from service.sources import resolve_source
-from service.webhooks.outbox import artifact_published
-from worker.engine.errors import (
+from core import jobs
+from core.db.models import Job, utcnow
+from core.db.session import Database
+from core.errors import ServiceError
+from core.evaluations import follow_up_evaluation
+from core.hub import timeouts as hub_timeouts
+from core.hub.credentials import token_for
+from core.hub.errors import HubError
+from core.hub.publish import publish
+from core.hub.refs import is_hub_source
+from core.integrations import mlflow_registry, openlineage
+from core.kinds import merge_recipe
+from core.lineage import InputLink, content_digest, get_or_create_artifact, link, stored_size
+from core.quota import space_reserver
+from core.settings import Settings
+from core.webhooks.outbox import artifact_published
+from engine.errors import (
     DiskFull,
     EngineError,
     MergeCanceled,
     OutputError,
     is_disk_full,
 )
-from worker.hub import timeouts as hub_timeouts
+from engine.merge import MergeOptions, merge
+from worker.analysis_jobs import run_analysis_job
+from worker.evaluation_jobs import run_evaluation
+from worker.inputs import fetch_hub_inputs, local_resolver
 from worker.lease import JobLease, LeaseLost, settle, write_with_retry
 from worker.outputs import identical_output, made_by, published_by_earlier_attempt, remove_leftovers
 
@@ -60,7 +67,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
         # lineage backend that is slow or stuck neither delays a job nor makes it look dead.
         openlineage.job_started(db, settings, job_id, attempt)
         try:
-            kind_of(job.kind).run()(job, db, settings, lease)
+            _runner(job.kind)(job, db, settings, lease)
         except LeaseLost:
             log.warning("job %s: attempt %d was superseded; its result is dropped", job_id, attempt)
         except MergeCanceled:
@@ -74,6 +81,12 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
             _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job_id, e))
     openlineage.job_ended(db, settings, job_id)
     log.info("job %s: attempt %d done", job_id, attempt)
+
+
+def _runner(kind: str) -> Callable[[Job, Database, Settings, JobLease], None]:
+    """What runs a job of this kind (core/kinds.py: what else a kind is)."""
+    runners = {"merge": run_merge, "analysis": run_analysis_job, "evaluation": run_evaluation}
+    return runners[kind]
 
 
 def _unexpected(job_id: str, error: Exception) -> dict[str, Any]:
@@ -116,10 +129,6 @@ def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **va
 
 
 def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
-    from worker.hub.credentials import token_for
-    from worker.hub.errors import HubError
-    from worker.hub.publish import publish
-
     recipe = merge_recipe(job.request)
     out_dir = jobs.output_dir(settings, job)
     remove_leftovers(out_dir, job.id, lease.attempt)
@@ -209,9 +218,6 @@ def _register(
     job: Job, recipe: Any, result: Any, published: dict[str, Any] | None, settings: Settings
 ) -> dict[str, Any]:
     """The output as an MLflow model version (found, not made again, on a retry)."""
-    from service.integrations import mlflow_registry
-    from service.lineage import content_digest
-
     sources = [
         {"role": i["role"], "source": i["source"], "content_digest": content_digest(i["files"])}
         for i in result.manifest["inputs"]
@@ -224,30 +230,6 @@ def _register(
     )  # fmt: skip
 
 
-def local_resolver(job: Job, settings: Settings) -> Callable[[str], Path]:
-    return lambda source: resolve_source(source, settings, job.tenant_id)
-
-
-def fetch_hub_inputs(job: Job, recipe: Any, settings: Settings, lease: JobLease) -> Any:
-    """FetchedInputs for the recipe's Hub sources (None without any), the download being the
-    job's `downloading` stage; the caller closes it."""
-    from worker.hub.credentials import token_for
-    from worker.hub.fetch import fetch_inputs, hub_sources
-
-    if not hub_sources(recipe):
-        return None
-    return fetch_inputs(
-        recipe,
-        cache_dir=settings.cache_dir / "hub",
-        token=token_for(
-            recipe.credential, tenant=job.tenant_id, credentials=settings.hub_credentials
-        ),
-        local=local_resolver(job, settings),
-        on_progress=lease.stage_progress("downloading"),
-        should_cancel=lease.should_cancel,
-    )
-
-
 def _merge(
     job: Job,
     recipe: Any,
@@ -257,8 +239,6 @@ def _merge(
     fetched: Any,
     db: Database,
 ) -> Any:
-    from worker.engine.merge import MergeOptions, merge
-
     local = local_resolver(job, settings)
     options = MergeOptions(
         device=settings.merge_device,
@@ -296,8 +276,6 @@ def _input_links(
     hub_dirs: dict[str, Path],
 ) -> list[InputLink]:
     """Input artifacts: local ones by resolved path, Hub ones by `hf://repo@<commit sha>`."""
-    from worker.hub.refs import is_hub_source
-
     weights = manifest["resolved_weights"]
     links = []
     for entry in manifest["inputs"]:

@@ -1,6 +1,6 @@
 """MkDocs hook: the pages generated from the code at build time, so they cannot drift.
 
-- configuration.md: one table of every LAYERSWAP_* variable, from `service.settings.Settings`;
+- configuration.md: one table of every LAYERSWAP_* variable, from `core.settings.Settings`;
 - api/reference.md: the HTTP API, rendered from the app's own OpenAPI schema;
 - api/openapi.json: that schema as the app serves it at /openapi.json.
 
@@ -36,7 +36,7 @@ HTTP_METHODS = ("get", "post", "put", "patch", "delete")
 
 def settings_rows() -> list[tuple[str, str, str, str]]:
     """(variable, type, default, meaning) for every field of Settings, in declaration order."""
-    from service.settings import Settings
+    from core.settings import Settings
 
     prefix = str(Settings.model_config.get("env_prefix", ""))
     return [
@@ -52,7 +52,7 @@ def settings_rows() -> list[tuple[str, str, str, str]]:
 
 def undescribed_settings() -> list[str]:
     """Settings fields declared without a description (their row's meaning says only the bounds)."""
-    from service.settings import Settings
+    from core.settings import Settings
 
     return [name for name, field in Settings.model_fields.items() if not field.description]
 
@@ -64,7 +64,7 @@ def configuration_markdown() -> str:
         "Every setting is an environment variable, read once when a process starts and checked",
         "then: `layerswap serve` and `layerswap worker` refuse to start on an invalid value, and",
         "the error never echoes the value. Lists and maps are JSON. This table is generated from",
-        "`service.settings.Settings` when the documentation is built.",
+        "`core.settings.Settings` when the documentation is built.",
         "",
         "| variable | type | default | meaning |",
         "|---|---|---|---|",
@@ -156,8 +156,8 @@ class _IdleExecutor:
 
 def openapi_schema() -> dict[str, Any]:
     """The schema the app serves at /openapi.json, built without serving or a database."""
+    from core.settings import Settings
     from service.app import create_app
-    from service.settings import Settings
 
     # The schema is made from the code alone: this shell's LAYERSWAP_* variables (a database
     # URL, a host that needs auth) must not change it or stop the build.

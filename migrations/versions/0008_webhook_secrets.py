@@ -3,7 +3,7 @@ the secret columns widen to hold Fernet tokens, an endpoint keeps its previous s
 until when it also signs), and a tenant's endpoints are listed page by page from an index.
 
 Existing plaintext secrets are encrypted by the service at its next start (the key is the
-service's, not the migration's: service/webhooks/encryption.py); until then they still sign.
+service's, not the migration's: core/webhooks/encryption.py); until then they still sign.
 
 Revision ID: 0008
 Revises: 0007

@@ -7,16 +7,15 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import FileResponse
 
-from service import jobs
+from core import jobs
+from core.errors import Conflict, NotFound
+from core.lineage import analysis_dir, get_artifact
+from core.sources import resolve_source
 from service.api import polling
 from service.api.deps import ContextDep, TenantDep
 from service.api.polling import CONDITIONAL, WaitQuery
-from service.errors import Conflict, NotFound
 from service.exposure import exposure_for
-from service.lineage import get_artifact
 from service.schemas import AnalysisCreate, JobRead, JobView, job_read
-from service.sources import resolve_source
-from worker.analysis_jobs import analysis_dir
 
 router = APIRouter(prefix="/v1/analyses", tags=["analyses"])
 

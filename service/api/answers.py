@@ -2,7 +2,7 @@
 its row reads back the same.
 
 Every read still asks the database: one keyed SELECT of the job and its output artifact
-(service/job_rows.py, read as service/api/row_reads.py says). When that row equals the row an
+(core/job_rows.py, read as service/api/row_reads.py says). When that row equals the row an
 answer was made from, the answer (its JSON and ETag) is given again; otherwise it is made anew
 from this row. An answer is kept only when the row is all it shows: not when its view reads
 other tables (a merge's evaluation, an evaluation's scores) or the clock (a running job's ETA).

@@ -6,11 +6,11 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Response
 
-from service import jobs
+from core import jobs
+from core.evaluations import score_dict, scores_of_artifact
+from core.lineage import artifact_dict, delete_artifact, get_artifact, graph
 from service.api.deps import ContextDep, TenantDep
-from service.evaluations import score_dict, scores_of_artifact
 from service.exposure import exposure_for
-from service.lineage import artifact_dict, delete_artifact, get_artifact, graph
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 

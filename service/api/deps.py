@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from core.db.session import Database
+from core.jobs import Executor, ensure_tenant
+from core.settings import Settings
 from service.api.answers import KeptAnswers
 from service.api.row_reads import BatchedRows, LoopRows
 from service.api.streams import StreamSlots
 from service.auth import KeyCache, tenant_of_hash
-from service.db.session import Database
-from service.jobs import Executor, ensure_tenant
 from service.operator import check_operator
-from service.settings import Settings
 
 
 @dataclass

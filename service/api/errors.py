@@ -14,17 +14,17 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException
 
-from service.errors import ServiceError
-from service.exposure import Exposure, exposure_for
-from worker.engine.errors import (
+from core.errors import ServiceError
+from core.hub.errors import HubError
+from engine.errors import (
     CheckpointError,
     EngineError,
     IncompatibleCheckpointsError,
     OutputError,
     RecipeError,
 )
-from worker.engine.recipe import METHODS, recipe_error_from
-from worker.hub.errors import HubError
+from engine.recipe import METHODS, recipe_error_from
+from service.exposure import Exposure, exposure_for
 
 log = logging.getLogger("layerswap.api")
 BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's words for an undecodable body

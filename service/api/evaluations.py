@@ -10,12 +10,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from service import jobs
-from service.api import polling
-from service.api.deps import ContextDep, TenantDep
-from service.api.polling import CONDITIONAL, WaitQuery
-from service.errors import Conflict, NotFound
-from service.evaluations import (
+from core import jobs
+from core.errors import Conflict, NotFound
+from core.evaluations import (
     EvaluationCreate,
     check_spec,
     evaluation_request,
@@ -24,6 +21,9 @@ from service.evaluations import (
     scores_of_job,
     target_of,
 )
+from service.api import polling
+from service.api.deps import ContextDep, TenantDep
+from service.api.polling import CONDITIONAL, WaitQuery
 from service.exposure import exposure_for
 from service.schemas import JobPage, JobRead, JobView, job_read
 

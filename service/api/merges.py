@@ -15,20 +15,26 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from sqlalchemy import inspect
 from starlette.concurrency import run_in_threadpool
 
-from service import jobs
+from core import jobs
+from core.changes import CHANGES
+from core.db.models import Artifact, Job, as_utc
+from core.errors import InvalidRequest
+from core.evaluations import check_spec, comparison
+from core.hub.credentials import token_for
+from core.hub.errors import HubError
+from core.hub.pin import PinnedRepo, pin
+from core.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sources
+from core.integrations.mlflow_registry import check_destination
+from core.lineage import get_artifact
+from core.sources import resolve_source
+from engine.recipe import Recipe, named_sources, parse_recipe, recipe_to_dict
 from service.api import polling
 from service.api.deps import Context, ContextDep, TenantDep, current_tenant
 from service.api.errors import error_response
 from service.api.lean import lean_route
 from service.api.polling import CONDITIONAL, WaitQuery
 from service.api.streams import SlotStreamingResponse
-from service.changes import CHANGES
-from service.db.models import Artifact, Job, as_utc
-from service.errors import InvalidRequest
-from service.evaluations import check_spec, comparison
 from service.exposure import exposure_for
-from service.integrations.mlflow_registry import check_destination
-from service.lineage import get_artifact
 from service.preflight import check_headers
 from service.schemas import (
     EventRead,
@@ -40,13 +46,7 @@ from service.schemas import (
     published_view,
     view_json,
 )
-from service.sources import resolve_source
 from service.webhooks.endpoints import check_webhook_url
-from worker.engine.recipe import Recipe, named_sources, parse_recipe, recipe_to_dict
-from worker.hub.credentials import token_for
-from worker.hub.errors import HubError
-from worker.hub.pin import PinnedRepo, pin
-from worker.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sources
 
 router = APIRouter(prefix="/v1/merges", tags=["merges"])
 SSE_WAKE_S = 2.0  # an event stream re-reads at least this often, woken or not
@@ -379,7 +379,7 @@ async def _event_stream(
                 # reconnects by itself, sending its Last-Event-ID).
                 yield f"retry: {SSE_RECONNECT_MS}\n\n"
                 return
-            # Pushed: woken by the job's next change (service/changes.py); the timeout is a
+            # Pushed: woken by the job's next change (core/changes.py); the timeout is a
             # safety net, and notices a client that hung up.
             remaining = max(deadline - time.monotonic(), 0.0)
             with contextlib.suppress(TimeoutError):

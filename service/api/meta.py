@@ -10,15 +10,15 @@ from sqlalchemy import ColumnElement, Float, Select, case, cast, extract, func, 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from service.api.deps import Context, ContextDep, OperatorDep
-from service.api.errors import error_response, is_database_outage
-from service.db.models import Job, JobEvent, as_utc, utcnow
-from worker.engine.recipe import (
+from core.db.models import Job, JobEvent, as_utc, utcnow
+from engine.recipe import (
     LayerSwapParams,
     SoupParams,
     TaskArithmeticParams,
     TiesParams,
 )
+from service.api.deps import Context, ContextDep, OperatorDep
+from service.api.errors import error_response, is_database_outage
 
 router = APIRouter(tags=["meta"])
 log = logging.getLogger("layerswap.api")

@@ -16,8 +16,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.settings import Settings
 from service.api.errors import error_response
-from service.settings import Settings
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

@@ -7,7 +7,7 @@ content less the ETA; `If-None-Match` with the current ETag is a
 304 without a body. Long polling (`?wait=N` or `Prefer: wait=N`, N ≤ 60 s) holds the request
 until the job's answer differs from the client's ETag (or, with none, from what it was when the
 request came), the job ends, or N seconds pass — woken by the change notifications of
-service/changes.py, not by polling the database."""
+core/changes.py, not by polling the database."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from typing import Annotated, Any
 from anyio import CapacityLimiter, to_thread
 from fastapi import Query, Request, Response
 
-from service import jobs
+from core import jobs
+from core.changes import CHANGES
+from core.db.models import Job
+from core.errors import NotFound
+from core.job_rows import ID, KIND, TENANT, driver_processors, job_of, processed
+from core.jobs import is_id
 from service.api.answers import Kept, answer, etag_of
 from service.api.deps import Context
-from service.changes import CHANGES
-from service.db.models import Job
-from service.errors import NotFound
-from service.job_rows import ID, KIND, TENANT, driver_processors, job_of, processed
-from service.jobs import is_id
 from service.schemas import JobView
 
 MAX_WAIT_S = 60.0
@@ -110,7 +110,7 @@ def answer_for(
     view: Callable[[Job], JobView],
     reusable: Callable[[Job], bool] | None,
 ) -> Kept:
-    """The answer to a read of the job whose row (service/job_rows.py, the driver's values)
+    """The answer to a read of the job whose row (core/job_rows.py, the driver's values)
     is `row`: the one kept for an equal row, else made from this one (and kept when
     `reusable`, as read_job says). Blocking (the view may read other rows)."""
     job_id = row[ID]

@@ -28,8 +28,8 @@ from sqlalchemy import Select, create_engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection, StaticPool
 
-from service.db.session import Database
-from service.job_rows import ID, MANY, ONE, driver_select, driver_statement, fetch
+from core.db.session import Database
+from core.job_rows import ID, MANY, ONE, driver_select, driver_statement, fetch
 
 BATCH_ROWS = 200  # at most this many ids per SELECT
 BATCHES_OUT = 2  # batches read at once: one fills while the other is out
@@ -66,7 +66,7 @@ class LoopRows:
     async def page(
         self, query: Select[*tuple[Any, ...]], params: dict[str, Any]
     ) -> list[Sequence[Any]]:
-        """A page's rows (service/jobs.py, page_query), read as `read` reads a row: ~0.5 ms on
+        """A page's rows (core/jobs.py, page_query), read as `read` reads a row: ~0.5 ms on
         the loop for 50 jobs, against ~1 ms more of GIL hand-offs through a thread."""
         try:
             connection = self._connected()
@@ -109,7 +109,7 @@ class BatchedRows:
         self._out: set[asyncio.Task[None]] = set()  # held here: the loop keeps weak references
 
     async def read(self, job_id: str) -> Sequence[Any] | None:
-        """The job's row as the driver hands it back (service/job_rows.py), read after this
+        """The job's row as the driver hands it back (core/job_rows.py), read after this
         call began; None when there is no such job."""
         future: asyncio.Future[Sequence[Any] | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((job_id, future))
@@ -138,7 +138,7 @@ class BatchedRows:
     async def page(
         self, query: Select[*tuple[Any, ...]], params: dict[str, Any]
     ) -> list[Sequence[Any]]:
-        """A page's rows (service/jobs.py, page_query), read on a thread."""
+        """A page's rows (core/jobs.py, page_query), read on a thread."""
         return await to_thread.run_sync(fetch, self.db, query, params)
 
     def _read(self, job_ids: Collection[str]) -> dict[str, Sequence[Any]]:

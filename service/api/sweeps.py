@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy import select
 
+from core.db.models import Sweep
+from core.errors import NotFound
+from core.jobs import is_id
 from service.api.deps import Context, ContextDep, TenantDep
-from service.db.models import Sweep
-from service.errors import NotFound
-from service.jobs import is_id
 from service.sweeps.advance import cancel_sweep
 from service.sweeps.create import create_sweep
 from service.sweeps.leaderboard import leaderboard, to_csv, to_markdown, to_png

@@ -18,13 +18,16 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from service import jobs
-from service.db.models import Job, Sweep, utcnow
-from service.db.session import Database
-from service.errors import Conflict, ServiceError
-from service.jobs import Executor
-from service.lineage import delete_artifact
-from service.settings import Settings
+from core import jobs
+from core.db.models import Job, Sweep, utcnow
+from core.db.session import Database
+from core.errors import Conflict, NotFound, ServiceError
+from core.evaluations import scores_of_job
+from core.jobs import Executor
+from core.lineage import delete_artifact
+from core.settings import Settings
+from core.webhooks.outbox import sweep_ended
+from engine.recipe import LayerSwapParams
 from service.sweeps.create import (
     CANCELED,
     CANCELING,
@@ -38,7 +41,6 @@ from service.sweeps.create import (
 from service.sweeps.expand import label, space, trials
 from service.sweeps.leaderboard import children, leaderboard, objective_score
 from service.sweeps.spec import SweepCreate
-from worker.engine.recipe import LayerSwapParams
 
 log = logging.getLogger("layerswap.sweeps")
 
@@ -175,8 +177,6 @@ def _counts(found: list[Job]) -> dict[str, Any]:
 
 
 def _finish(db: Database, sweep: Sweep, status: str, result: dict[str, Any]) -> bool:
-    from service.webhooks.outbox import sweep_ended
-
     with db.session() as session:
         moved: Any = session.execute(
             update(Sweep)
@@ -263,8 +263,6 @@ def _finished_values(
 ) -> dict[str, float | None]:
     """Mean objective over pairs of each configuration whose jobs have all ended (None: no
     pair was scored, a failed trial)."""
-    from service.evaluations import scores_of_job
-
     values: dict[str, list[float]] = {config: [] for config in asked if config not in in_flight}
     for job in found:
         config = (job.request.get("sweep") or {}).get("config")
@@ -334,8 +332,6 @@ def cancel_sweep(db: Database, *, tenant: str, sweep_id: str) -> Sweep:
         )
         sweep = session.get(Sweep, sweep_id, populate_existing=True)
         if sweep is None or sweep.tenant_id != tenant:
-            from service.errors import NotFound
-
             raise NotFound(f"no such sweep: {sweep_id}")
         if sweep.status in (SUCCEEDED, FAILED, CANCELED):
             raise Conflict(

@@ -12,15 +12,21 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service import jobs
-from service.db.models import Job, Sweep
-from service.db.session import Database
-from service.errors import IdempotencyConflict, InvalidRequest
-from service.evaluations import check_spec, evaluation_request
-from service.kinds import MERGE_EXTRAS
+from core import jobs
+from core.db.models import Job, Sweep
+from core.db.session import Database
+from core.errors import IdempotencyConflict, InvalidRequest
+from core.evaluations import check_spec, evaluation_request
+from core.hub.credentials import token_for
+from core.hub.errors import HubError, hub_errors
+from core.hub.pin import pin
+from core.hub.refs import is_hub_source, parse_hub_source
+from core.kinds import MERGE_EXTRAS
+from core.settings import Settings
+from core.sources import resolve_source
+from engine.errors import EngineError
+from engine.recipe import parse_recipe
 from service.preflight import check_headers
-from service.settings import Settings
-from service.sources import resolve_source
 from service.sweeps.expand import (
     SweepError,
     Trial,
@@ -32,9 +38,6 @@ from service.sweeps.expand import (
     trials,
 )
 from service.sweeps.spec import SweepCreate
-from worker.engine.errors import EngineError
-from worker.engine.recipe import parse_recipe
-from worker.hub.refs import is_hub_source
 
 RUNNING, CANCELING = "running", "canceling"
 SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
@@ -58,8 +61,6 @@ def create_sweep(
                 return Created(found, False, [])
     check_spec(spec.evaluation, settings)
     if spec.publish_best is not None:
-        from worker.hub.credentials import token_for
-
         credentials = settings.hub_credentials
         token_for(spec.publish_best.credential, tenant=tenant, credentials=credentials,
                   field="publish_best.credential")  # fmt: skip
@@ -204,11 +205,6 @@ def _pinned(
     """Local sources checked against the allowed roots; Hub sources pinned to the commit their
     revision points at now (each once), and the spec rewritten with the pins, so every job of
     the sweep reads the same commits. Returns the spec and pinned source -> PinnedRepo."""
-    from worker.hub.credentials import token_for
-    from worker.hub.errors import HubError
-    from worker.hub.pin import pin
-    from worker.hub.refs import parse_hub_source
-
     named = [(f"task_experts.{i}", s) for i, s in enumerate(spec.task_experts)]
     named += [(f"language_experts.{i}", s) for i, s in enumerate(spec.language_experts)]
     if spec.base is not None:
@@ -274,9 +270,6 @@ def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[s
 def _hub_config(pinned: Any, spec: SweepCreate, settings: Settings, tenant: str) -> Path:
     """config.json of a pinned Hub model, through the Hub cache the workers use."""
     from huggingface_hub import hf_hub_download
-
-    from worker.hub.credentials import token_for
-    from worker.hub.errors import hub_errors
 
     token = token_for(spec.credential, tenant=tenant, credentials=settings.hub_credentials)
     with hub_errors(f"{pinned.source}/config.json"):

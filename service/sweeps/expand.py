@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.recipe import LayerSwapParams
 from service.sweeps.spec import MAX_SPACE, Baseline, Grid, Pair, SweepCreate
-from worker.engine.recipe import LayerSwapParams
 
 PAPER_LAYERS = 32  # the paper's models (Llama 3.1 8B): presets are stated for this depth
 PAPER_DEFAULT = (5, 2)  # bottom, top

@@ -15,13 +15,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service import jobs
-from service.db.models import Job, Sweep
-from service.db.session import Database
-from service.evaluations import scores_of_job
-from service.settings import Settings
+from core import jobs
+from core.db.models import Job, Sweep
+from core.db.session import Database
+from core.evaluation.compare import paired
+from core.evaluation.results import outcomes, read_samples
+from core.evaluations import scores_of_job
+from core.settings import Settings
 from service.sweeps.spec import SweepCreate
-from worker.evaluation.compare import paired
 
 FILTER_PREFERENCE = ("flexible-extract", "strict-match", "remove_whitespace", "none")
 
@@ -170,8 +171,6 @@ def _versus(
 def _outcomes(settings: Settings, tenant: str, score: dict[str, Any]) -> dict[Any, bool] | None:
     """doc id -> right or wrong by the score's own metric, from the records of the job that
     measured `score` ({} without records, None where the metric is not 0/1 per document)."""
-    from worker.evaluation.results import outcomes, read_samples
-
     path: Path = settings.evaluations_dir / tenant / score["job_id"] / "samples.jsonl"
     if not path.is_file():
         return {}

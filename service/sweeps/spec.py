@@ -12,14 +12,14 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from worker.engine.recipe import (
+from core.evaluation.spec import EvaluationSpec
+from engine.recipe import (
     HUB_REPO_PATTERN,
     Credential,
     HubDestination,
     LayerSwapParams,
     Source,
 )
-from worker.evaluation.spec import EvaluationSpec
 
 MAX_EXPERTS = 16
 MAX_BUDGET = 1000  # jobs one sweep may create (merges + evaluations)

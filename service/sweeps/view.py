@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from service import jobs
-from service.db.models import Job, Sweep, as_utc
-from service.db.session import Database
-from service.evaluations import scores_of_job
+from core import jobs
+from core.db.models import Job, Sweep, as_utc
+from core.db.session import Database
+from core.evaluations import scores_of_job
 from service.sweeps.leaderboard import children, objective_score
 from service.sweeps.spec import SweepCreate
 

@@ -37,12 +37,12 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
 
-from service.db.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, as_utc, utcnow
-from service.db.session import Database
-from service.settings import Settings
-from service.webhooks.encryption import SecretKeyError, box_for, prepare
+from core.db.models import WebhookDelivery, WebhookEndpoint, WebhookEvent, as_utc, utcnow
+from core.db.session import Database
+from core.settings import Settings
+from core.webhooks.encryption import SecretKeyError, box_for, prepare
+from core.webhooks.outbox import DELIVERED, FAILED, PENDING, fail_pending, tenant_secret
 from service.webhooks.network import Target, UnsafeUrl, check_url
-from service.webhooks.outbox import DELIVERED, FAILED, PENDING, fail_pending, tenant_secret
 
 log = logging.getLogger("layerswap.webhooks")
 

@@ -1,7 +1,7 @@
 """A tenant's webhook endpoints and their deliveries: create (the secret shown once; at most
 `webhook_max_endpoints` per tenant), list (page by page), read, delete, rotate the secret (the
 old one signs beside the new one for an overlap), re-enable, deliveries with every attempt,
-replay. Secrets are stored encrypted (service/webhooks/encryption.py)."""
+replay. Secrets are stored encrypted (core/webhooks/encryption.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, func, or_, select, update
 
-from service import jobs
-from service.db.models import (
+from core import jobs
+from core.db.models import (
     Tenant,
     WebhookDelivery,
     WebhookEndpoint,
@@ -21,12 +21,12 @@ from service.db.models import (
     as_utc,
     utcnow,
 )
-from service.db.session import Database
-from service.errors import Conflict, InvalidRequest, NotFound, ServiceError
-from service.settings import Settings
-from service.webhooks.encryption import box_for
+from core.db.session import Database
+from core.errors import Conflict, InvalidRequest, NotFound, ServiceError
+from core.settings import Settings
+from core.webhooks.encryption import box_for
+from core.webhooks.outbox import EVENT_TYPES, PENDING, fail_pending, new_secret, tenant_secret
 from service.webhooks.network import UnsafeUrl, check_url
-from service.webhooks.outbox import EVENT_TYPES, PENDING, fail_pending, new_secret, tenant_secret
 
 EventType = Literal[
     "merge.succeeded", "merge.failed", "merge.canceled", "analysis.completed",

@@ -39,7 +39,7 @@ def live(tmp_path: Path, examples: Path) -> Iterator[Live]:
 
 
 def test_submit_wait_status_and_lineage_end_to_end(live: Live, tmp_path: Path) -> None:
-    from service.db.session import Database
+    from core.db.session import Database
 
     db = Database(live.settings.database)
     key = create_key(db, "team-a")
@@ -99,7 +99,7 @@ def test_the_client_installs_and_works_without_torch(live: Live, tmp_path: Path)
     names = {p["name"].lower() for p in json.loads(installed)}
     assert "layerswap-client" in names and "torch" not in names and "layerswap" not in names
 
-    from service.db.session import Database
+    from core.db.session import Database
 
     db = Database(live.settings.database)
     key = create_key(db, "team-b")

@@ -20,7 +20,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, select, text
 
-from service.db.models import Job, JobEvent
+from core.db.models import Job, JobEvent
 from tests.service.conftest import Service, postgres_database, running_service
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"

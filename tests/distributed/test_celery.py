@@ -21,8 +21,9 @@ import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
-from service import jobs
-from service.db.models import Job
+from core import jobs
+from core.db.models import Job
+from engine.digests import file_sha256
 from tests.distributed.conftest import (
     HUB_TOKEN,
     LAYERSWAP,
@@ -35,7 +36,6 @@ from tests.distributed.conftest import (
 from tests.service.conftest import layer_swap
 from tests.service.test_api_lifecycle import metric
 from tests.service.test_database_down import TcpProxy
-from worker.engine.digests import file_sha256
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.timeout(300)
 def ties_reference(big_family: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """sha256 of every weight file of the TIES merge, made once in this process by the engine
     (itself checked against an independent reference in tests/engine)."""
-    from worker.engine.merge import MergeOptions, merge
-    from worker.engine.recipe import parse_recipe
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
 
     out = tmp_path_factory.mktemp("ties-reference") / "out"
     recipe = parse_recipe(ties(big_family))

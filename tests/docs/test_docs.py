@@ -16,10 +16,10 @@ import pytest
 import yaml
 from fastapi.routing import iter_route_contexts
 
-from service.settings import Settings
+from core.settings import Settings
 from tests.docs.reference_hook import ROOT, load
 
-# Settings declared without a `description=` in service/settings.py: their rows show only the
+# Settings declared without a `description=` in core/settings.py: their rows show only the
 # type, default and bounds. A new setting must have a description (the test below fails
 # otherwise); once one of these gets one, remove it from this list.
 UNDESCRIBED = {

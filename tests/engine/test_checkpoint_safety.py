@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.errors import CheckpointError, IncompatibleCheckpointsError
 from tests.conftest import Family, Sharded
 from tests.helpers import leftovers
-from worker.engine.errors import CheckpointError, IncompatibleCheckpointsError
 
 MB = 1024 * 1024
 

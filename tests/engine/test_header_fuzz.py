@@ -23,12 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.checkpoint import Checkpoint
+from engine.errors import CheckpointError
+from engine.safetensors_format import DTYPE_SIZES
 from tests.conftest import Family
 from tests.helpers import leftovers, write_recipe
 from tests.test_cli import layerswap
-from worker.engine.checkpoint import Checkpoint
-from worker.engine.errors import CheckpointError
-from worker.engine.safetensors_format import DTYPE_SIZES
 
 # Reproducible in CI: the same examples on every run, nothing carried over between runs.
 FUZZ = settings(

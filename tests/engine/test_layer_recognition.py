@@ -18,12 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.analysis import analyze
+from engine.errors import CheckpointError
 from tests.conftest import Family
 from tests.helpers import leftovers, write_recipe
 from tests.reference import assert_equal, combine, load
 from tests.test_cli import layerswap
-from worker.engine.analysis import analyze
-from worker.engine.errors import CheckpointError
 
 FALCON_LAYERS = 3
 

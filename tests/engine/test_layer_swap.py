@@ -257,7 +257,7 @@ def test_several_experts_per_role(
 
 def test_default_params_need_enough_layers(llama: Family, run_merge: Any) -> None:
     """Paper defaults (b=5, u=2) do not fit a 6-layer model: a params error, no output."""
-    from worker.engine.errors import RecipeError
+    from engine.errors import RecipeError
 
     with pytest.raises(RecipeError) as info:
         run_merge(

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from engine import linear_kernels
+from engine.kernels import Kernels
+from engine.planner import make_plan
+from engine.recipe import parse_recipe
 from tests.conftest import Family
 from tests.helpers import stringify
-from worker.engine import linear_kernels
-from worker.engine.kernels import Kernels
-from worker.engine.planner import make_plan
-from worker.engine.recipe import parse_recipe
 
 
 def test_bfloat16_rounding_matches_torch() -> None:
@@ -106,8 +106,8 @@ def test_a_linear_merge_does_not_import_torch(llama: Family, tmp_path: Path, met
         f"""
         import sys
         from pathlib import Path
-        from worker.engine.merge import merge
-        from worker.engine.recipe import parse_recipe
+        from engine.merge import merge
+        from engine.recipe import parse_recipe
 
         result = merge(parse_recipe({recipes[method]!r}), Path({str(tmp_path / "out")!r}),
                        resolve=Path)

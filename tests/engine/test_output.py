@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from engine.errors import OutputError
 from tests.conftest import Family, Sharded
 from tests.reference import load, raw_tensors, read_header, sha256
-from worker.engine.errors import OutputError
 
 SWAP = {"bottom": 1, "top": 1, "bottom_transition": 1, "top_transition": 1}
 TEXT = "Natalia sold clips to 48 of her friends. Habari ya asubuhi."
@@ -217,9 +217,9 @@ def test_unused_base_is_a_warning(llama: Family, run_merge: Any) -> None:
 
 
 def test_progress_reports(llama: Family, run_merge: Any, tmp_path: Path) -> None:
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
     from tests.helpers import stringify
-    from worker.engine.merge import MergeOptions, merge
-    from worker.engine.recipe import parse_recipe
 
     reports: list[Any] = []
     merge(
@@ -263,7 +263,7 @@ def test_writer_copies_and_writes_land_at_their_offsets(tmp_path: Path, direct: 
     it) and computed bytes, handed over out of order, at offsets that are not page-aligned,
     make exactly the planned file (its size not a multiple of O_DIRECT's unit either) and its
     sha256."""
-    from worker.engine.writer import ALIGN, BLOCK, OutputWriter
+    from engine.writer import ALIGN, BLOCK, OutputWriter
 
     source = tmp_path / "source.bin"
     source.write_bytes(os.urandom(2 * BLOCK + 4096))
@@ -297,7 +297,7 @@ def test_writer_copies_and_writes_land_at_their_offsets(tmp_path: Path, direct: 
 def test_writer_assembles_more_files_than_it_has_lanes(tmp_path: Path) -> None:
     """More files than files assembled at once, each with computed bytes that cross a block
     boundary (handed over in two chunks) between copies: every file and sha256 is exact."""
-    from worker.engine.writer import BLOCK, LANES, OutputWriter
+    from engine.writer import BLOCK, LANES, OutputWriter
 
     source = tmp_path / "source.bin"
     source.write_bytes(os.urandom(4096))
@@ -329,7 +329,7 @@ def test_writer_assembles_more_files_than_it_has_lanes(tmp_path: Path) -> None:
 
 
 def test_writer_fails_clearly_when_a_range_is_never_handed_over(tmp_path: Path) -> None:
-    from worker.engine.writer import OutputWriter
+    from engine.writer import OutputWriter
 
     out = tmp_path / "out"
     out.mkdir()

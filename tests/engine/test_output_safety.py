@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from engine.errors import DeviceError, EngineError, MergeCanceled, OutputError
 from tests.conftest import Family
 from tests.helpers import leftovers
 from tests.reference import load, sha256
-from worker.engine.errors import DeviceError, EngineError, MergeCanceled, OutputError
 
 
 def soup(fam: Family) -> dict[str, Any]:

@@ -8,10 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Family
-from tests.helpers import leftovers
-from worker.engine.errors import RecipeError
-from worker.engine.recipe import (
+from engine.errors import RecipeError
+from engine.recipe import (
     LayerSwapRecipe,
     SoupRecipe,
     TiesRecipe,
@@ -19,6 +17,8 @@ from worker.engine.recipe import (
     parse_size,
     recipe_to_dict,
 )
+from tests.conftest import Family
+from tests.helpers import leftovers
 
 EXPERTS = {"task": ["./math"], "language": ["./swh"]}
 SWAP = {"method": "layer_swap", "experts": EXPERTS}

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
+from engine import ties_kernels
+from engine.kernels import Kernels
+from engine.planner import make_plan
+from engine.recipe import parse_recipe
 from tests.conftest import Family, _family
 from tests.helpers import stringify
 from tests.reference import top_k_mask
-from worker.engine import ties_kernels
-from worker.engine.kernels import Kernels
-from worker.engine.planner import make_plan
-from worker.engine.recipe import parse_recipe
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +155,8 @@ def test_a_ties_merge_does_not_import_torch(llama: Family, tmp_path: Path) -> No
         f"""
         import sys
         from pathlib import Path
-        from worker.engine.merge import merge
-        from worker.engine.recipe import parse_recipe
+        from engine.merge import merge
+        from engine.recipe import parse_recipe
 
         result = merge(parse_recipe({recipe!r}), Path({str(tmp_path / "out")!r}), resolve=Path)
         print(len(result.files), "torch" in sys.modules)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from engine.digests import file_sha256
 from tests.evaluation.conftest import (
     MAX_GEN_TOKS,
     QUESTIONS,
@@ -24,7 +25,6 @@ from tests.evaluation.conftest import (
 )
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import metric
-from worker.engine.digests import file_sha256
 
 EVALUATION = {"tasks": [TASK], "num_fewshot": 0, "batch_size": 1, "max_gen_toks": MAX_GEN_TOKS,
               "dtype": "float32"}  # fmt: skip

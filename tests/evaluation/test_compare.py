@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from scipy.stats import binomtest
 
-from worker.evaluation.compare import mcnemar_exact, paired
-from worker.evaluation.results import outcomes as read_outcomes
-from worker.evaluation.results import read_samples, sample_records, write_samples
+from core.evaluation.compare import mcnemar_exact, paired
+from core.evaluation.results import outcomes as read_outcomes
+from core.evaluation.results import read_samples, sample_records, write_samples
 
 DOCUMENTS = 250  # MGSM's documents per language
 

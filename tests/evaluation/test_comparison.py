@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.evaluation.compare import mcnemar_exact
 from tests.evaluation.conftest import write_choice_yaml
 from tests.service.conftest import Service, layer_swap, running_service
-from worker.evaluation.compare import mcnemar_exact
 
 TASK = "tiny_choice_norm"
 CHOICES = ["a", "o", "moja", "jibu"]

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from core.evaluation import in_memory
+from core.evaluation.in_memory import assemble
+from core.evaluation.runner import evaluate
+from core.evaluation.spec import EvaluationSpec
+from engine.merge import MergeOptions, merge
+from engine.recipe import parse_recipe
 from tests.evaluation.conftest import MAX_GEN_TOKS, TASK, Model
-from worker.engine.merge import MergeOptions, merge
-from worker.engine.recipe import parse_recipe
-from worker.evaluation import in_memory
-from worker.evaluation.in_memory import assemble
-from worker.evaluation.runner import evaluate
-from worker.evaluation.spec import EvaluationSpec
 
 CONFIGS = [
     {"bottom": 1, "top": 1},

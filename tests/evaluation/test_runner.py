@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from core.evaluation.errors import EvaluationFailed, EvaluationTimeout, UnknownTask
+from core.evaluation.runner import evaluate
+from core.evaluation.spec import EvaluationSpec
+from core.evaluation.tasks import check_tasks
+from engine.errors import MergeCanceled
 from tests.evaluation.conftest import (
     CHOICE_QUESTIONS,
     CHOICE_TASK,
@@ -17,11 +22,6 @@ from tests.evaluation.conftest import (
     Model,
     normalise,
 )
-from worker.engine.errors import MergeCanceled
-from worker.evaluation.errors import EvaluationFailed, EvaluationTimeout, UnknownTask
-from worker.evaluation.runner import evaluate
-from worker.evaluation.spec import EvaluationSpec
-from worker.evaluation.tasks import check_tasks
 
 
 def spec(**overrides: object) -> EvaluationSpec:

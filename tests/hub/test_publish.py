@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from worker.engine.recipe import HubDestination
-from worker.hub.errors import HubRejected
-from worker.hub.publish import publish
+from core.hub.errors import HubRejected
+from core.hub.publish import publish
+from engine.recipe import HubDestination
 
 TOKEN = "hf_publisher_0123456789abcdef"
 

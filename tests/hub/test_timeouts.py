@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from core.hub import timeouts
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 from tests.service.test_hub_api import upload
 from tests.stuck_server import Mode, StuckServer
-from worker.hub import timeouts
 from worker.pipeline import run_job
 
 TOKEN = "hf_stuck_hub_0123456789abcdef"

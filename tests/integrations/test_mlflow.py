@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from service.integrations import mlflow_registry
+from core.integrations import mlflow_registry
+from engine.recipe import MlflowDestination
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
 from tests.service.conftest import Service, layer_swap, running_service
-from worker.engine.recipe import MlflowDestination
 
 TOKEN = "hf_mlflow_token_0123456789abcdef"
 CHAMPION = {"registered_model": "swaps", "alias": "champion"}

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from service.integrations import mlflow_registry
+from core.integrations import mlflow_registry
+from engine.recipe import MlflowDestination
 from tests.integrations.test_mlflow import swap
 from tests.service.conftest import running_service
 from tests.stuck_server import Mode, StuckServer
-from worker.engine.recipe import MlflowDestination
 
 
 @pytest.mark.parametrize("mode", ["silent", "drip"])

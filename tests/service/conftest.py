@@ -17,12 +17,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from service import jobs
+from core import jobs
+from core.db.migrate import upgrade
+from core.db.session import Database
+from core.jobs import Executor
+from core.settings import Settings
 from service.app import create_app
-from service.db.migrate import upgrade
-from service.db.session import Database
-from service.jobs import Executor
-from service.settings import Settings
 
 POSTGRES_ADMIN = os.environ.get(
     "LAYERSWAP_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

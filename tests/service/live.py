@@ -16,10 +16,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from core.db.migrate import upgrade
+from core.jobs import Executor
+from core.settings import Settings
 from service.app import create_app
-from service.db.migrate import upgrade
-from service.jobs import Executor
-from service.settings import Settings
 from tests.service.conftest import make_settings
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from core.db.models import Artifact, Job
+from core.settings import Settings
 from service.auth import create_key
-from service.db.models import Artifact, Job
 from service.exposure import TenantExposure
-from service.settings import Settings
 from tests.service.conftest import Service, layer_swap, make_settings, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 from tests.service.test_api_tenants import bearer, wait_as
@@ -155,7 +155,7 @@ def test_a_failed_jobs_error_and_events_name_no_server_path(tmp_path: Path, exam
 
 
 def test_a_result_leaves_out_the_mlflow_tracking_uri(tmp_path: Path, examples: Path) -> None:
-    """The result the registry step records (service/integrations/mlflow_registry.py) names the
+    """The result the registry step records (core/integrations/mlflow_registry.py) names the
     tracking server; a tenant sees the registered model, not the operator's server."""
     url = f"sqlite:///{tmp_path / 'layerswap.db'}"
     uri = "https://layerswap:s3cret@mlflow.internal.example"

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.db.models import Job
+from core.db.models import Job
 from tests.service.conftest import Service, layer_swap, running_service
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from service.db.models import Job
-from service.db.session import Database
+from core.db.models import Job
+from core.db.session import Database
 from tests.service.conftest import TERMINAL, Service, layer_swap, make_settings, running_service
 from worker.executors import LocalExecutor
 

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
+from core.db.models import Job
+from core.settings import Settings
 from service.app import create_app
 from service.auth import create_key
-from service.db.models import Job
-from service.settings import Settings
 from tests.service.conftest import Service, layer_swap, make_settings, running_service
 from tests.service.live import live_service
 from tests.service.test_api_lifecycle import HeldExecutor

@@ -16,10 +16,10 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from service import jobs
+from core import jobs
+from core.db.models import Job
+from core.settings import Settings
 from service.auth import create_key
-from service.db.models import Job
-from service.settings import Settings
 from tests.service.conftest import TERMINAL, Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 from worker.pipeline import run_job

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from service.db.models import utcnow
-from service.db.session import Database
-from service.jobs import ensure_tenant
-from service.lineage import get_or_create_artifact
-from service.quota import QuotaExceeded, check_room, space_reserver
-from service.settings import Settings
+from core.db.models import utcnow
+from core.db.session import Database
+from core.jobs import ensure_tenant
+from core.lineage import get_or_create_artifact
+from core.quota import QuotaExceeded, check_room, space_reserver
+from core.settings import Settings
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor, soup
 from tests.service.test_store import (

@@ -28,8 +28,8 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.python.asgi import shutdown_lifespans
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from service.app import create_app
-from service.db.migrate import upgrade
+from core.db.migrate import upgrade
+from layerswap.app import build_app
 from tests.service.conftest import make_settings
 
 MAX_EXAMPLES = 30
@@ -43,7 +43,7 @@ def api_schema(tmp_path: Path, database_url: str, examples: Path) -> Iterator[Op
         # where the spec's documented example request looks for them
         shutil.copytree(examples / name, service_settings.source_roots[0] / "examples" / name)
     upgrade(database_url)
-    app = create_app(service_settings)
+    app = build_app(service_settings)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan
     try:
         yield schema

@@ -20,7 +20,7 @@ import torch
 import yaml
 from sqlalchemy import select, text
 
-from service.db.models import Artifact, Job, JobEvent
+from core.db.models import Artifact, Job, JobEvent
 from tests.reference import load
 from tests.service.conftest import Service, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
@@ -653,9 +653,9 @@ def test_concurrent_fetches_download_each_file_once(
 ) -> None:
     import threading
 
-    from worker.engine.recipe import parse_recipe
-    from worker.hub.fetch import fetch_inputs
-    from worker.hub.pin import pin_recipe
+    from core.hub.fetch import fetch_inputs
+    from core.hub.pin import pin_recipe
+    from engine.recipe import parse_recipe
 
     recipe, _ = pin_recipe(parse_recipe(swap()), None)
     results: list[Any] = []
@@ -696,9 +696,9 @@ def test_a_later_job_fetches_only_the_ranges_still_missing(
     """A swap with bottom 1, then one with bottom 2 over the same cache: the second fetches
     the language expert's layer 1 and nothing else (the task expert's layers it reads are a
     subset of the first's)."""
-    from worker.engine.recipe import parse_recipe
-    from worker.hub.fetch import fetch_inputs
-    from worker.hub.pin import pin_recipe
+    from core.hub.fetch import fetch_inputs
+    from core.hub.pin import pin_recipe
+    from engine.recipe import parse_recipe
 
     def fetch(bottom: int) -> None:
         spec = swap()
@@ -728,9 +728,9 @@ def test_a_later_job_fetches_only_the_ranges_still_missing(
 def test_a_cut_range_is_resumed_from_where_it_stopped(
     tmp_path: Path, hub: Any, experts: dict[str, str], sharded_family: Path
 ) -> None:
-    from worker.engine.recipe import parse_recipe
-    from worker.hub.fetch import fetch_inputs
-    from worker.hub.pin import pin_recipe
+    from core.hub.fetch import fetch_inputs
+    from core.hub.pin import pin_recipe
+    from engine.recipe import parse_recipe
 
     recipe, _ = pin_recipe(parse_recipe(swap()), None)
     cache = tmp_path / "cache"
@@ -777,9 +777,9 @@ def test_publishing_where_the_credential_may_not_write_fails_clearly(
 def test_views_left_by_killed_jobs_are_pruned(
     tmp_path: Path, hub: Any, experts: dict[str, str]
 ) -> None:
-    from worker.engine.recipe import parse_recipe
-    from worker.hub.fetch import fetch_inputs
-    from worker.hub.pin import pin_recipe
+    from core.hub.fetch import fetch_inputs
+    from core.hub.pin import pin_recipe
+    from engine.recipe import parse_recipe
 
     views = tmp_path / "cache" / "views"
     old, recent = views / "old", views / "recent"

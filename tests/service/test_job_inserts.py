@@ -1,4 +1,4 @@
-"""Group commit of submitted jobs on real PostgreSQL (service/job_inserts.py): jobs that arrive
+"""Group commit of submitted jobs on real PostgreSQL (core/job_inserts.py): jobs that arrive
 while a batch is out go in together, and a failing job in a batch fails only its own submit."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from sqlalchemy import event, func, select, text
 
-from service import job_inserts, jobs
-from service.db.models import Job, JobEvent
-from service.db.session import Database
-from service.settings import Settings
+from core import job_inserts, jobs
+from core.db.models import Job, JobEvent
+from core.db.session import Database
+from core.settings import Settings
 from tests.service.conftest import TENANT, layer_swap
 
 

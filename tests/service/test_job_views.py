@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from service.db.models import Artifact, Job
+from core.db.models import Artifact, Job
+from core.settings import Settings
 from service.exposure import TenantExposure
 from service.schemas import JobRead, job_read, published_view, view_json
-from service.settings import Settings
 
 NOW = datetime(2026, 3, 1, 12, 30, 15, 123456)
 

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import event
 
+from core.errors import Unauthorized
+from layerswap.cli import cli
 from service.auth import KEY_CACHE_S, KeyCache, create_key
-from service.cli import cli
-from service.errors import Unauthorized
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 

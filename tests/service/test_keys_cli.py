@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
+from layerswap.cli import cli
 from service.auth import KEY_CACHE_S, hash_key
-from service.cli import cli
 from tests.service.conftest import running_service
 from tests.service.test_key_cache import Clock
 

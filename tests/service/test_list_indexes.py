@@ -1,6 +1,6 @@
 """Every list route reads its page from an index, in order: the statements the routes really
 send (captured from the engine, and from the sqlite3 connections for pages read through the
-driver itself, service/job_rows.py) are explained by SQLite's planner, which must search an
+driver itself, core/job_rows.py) are explained by SQLite's planner, which must search an
 index by the tenant (or job) and never sort the rows in a temporary b-tree; a page after a
 cursor starts the search at the cursor. On PostgreSQL, the job pages' statements as
 job_rows.fetch sends them are explained likewise."""
@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import event
 
-from service.job_rows import driver_statement
-from service.jobs import page_query
+from core.job_rows import driver_statement
+from core.jobs import page_query
 from tests.service.conftest import layer_swap, running_service
 
 LISTED = ("jobs", "sweeps", "webhook_deliveries", "job_events")
@@ -91,8 +91,8 @@ def test_the_migrated_indexes_are_the_models(tmp_path: Path) -> None:
     """Migration 0007 makes exactly the indexes the models declare."""
     from sqlalchemy import create_engine, inspect
 
-    from service.db.migrate import upgrade
-    from service.db.models import Base
+    from core.db.migrate import upgrade
+    from core.db.models import Base
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     upgrade(url)

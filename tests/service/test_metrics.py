@@ -7,9 +7,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from core.db.models import Job, as_utc
+from core.jobs import ensure_tenant, new_id
 from service.api.meta import BUCKETS
-from service.db.models import Job, as_utc
-from service.jobs import ensure_tenant, new_id
 from tests.service.conftest import Service, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 

@@ -9,11 +9,11 @@ from typing import Any
 from alembic.migration import MigrationContext
 from sqlalchemy import MetaData, create_engine, inspect
 
-from service.db.migrate import upgrade
-from service.db.models import ApiKey, Artifact, Job, JobEvent, LineageEdge, Tenant, as_utc
-from service.db.session import Database
-from service.lineage import artifact_dict, graph
-from service.quota import usage
+from core.db.migrate import upgrade
+from core.db.models import ApiKey, Artifact, Job, JobEvent, LineageEdge, Tenant, as_utc
+from core.db.session import Database
+from core.lineage import artifact_dict, graph
+from core.quota import usage
 from service.schemas import JobRead, job_read
 
 WHEN = datetime(2026, 11, 1, 12, 30, 15, 123456, tzinfo=UTC)

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from service import jobs
-from service.db.models import Job, utcnow
-from service.db.session import Database
-from service.errors import Conflict
+from core import jobs
+from core.db.models import Job, utcnow
+from core.db.session import Database
+from core.errors import Conflict
+from core.settings import Settings
+from engine.merge import MergeOptions, merge
+from engine.recipe import parse_recipe
 from service.reconciler import Reconciler
-from service.settings import Settings
 from tests.service.conftest import Service, layer_swap
 from tests.service.test_reconciler import RecordingExecutor
 from tests.service.test_store import (
@@ -30,12 +32,10 @@ from tests.service.test_store import (
     new_job,
     set_state,
 )
-from worker.engine.merge import MergeOptions, merge
-from worker.engine.recipe import parse_recipe
 from worker.outputs import remove_leftovers
 from worker.pipeline import run_job
 
-HEX = "0123456789ab"  # the engine's 12 hex digits (worker/engine/merge.py)
+HEX = "0123456789ab"  # the engine's 12 hex digits (engine/merge.py)
 
 
 def output_owner(out_dir: Path) -> str | None:

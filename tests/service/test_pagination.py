@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert
 
-from service.db.models import Job, Tenant
+from core.db.models import Job, Tenant
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.job_rows import ID
+from core.job_rows import ID
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 
@@ -94,7 +94,7 @@ def test_a_change_made_by_another_process_wakes_the_poll(held: Service) -> None:
     poller.start()
     time.sleep(0.5)
     script = (
-        "import time; from service import jobs; from service.db.session import Database\n"
+        "import time; from core import jobs; from core.db.session import Database\n"
         f"jobs.request_cancel(Database({held.settings.database!r}), tenant='default', "
         f"job_id={job['id']!r})\nprint(time.time())\n"
     )

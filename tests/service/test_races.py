@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, event, update
 
-from service import jobs
-from service.db.models import Job
-from service.db.session import Database
-from service.errors import Conflict
-from service.settings import Settings
+from core import jobs
+from core.db.models import Job
+from core.db.session import Database
+from core.errors import Conflict
+from core.settings import Settings
 from tests.service.test_store import (
     TENANT,
     event_types,

@@ -9,11 +9,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from service import jobs
-from service.db.models import Job, as_utc, utcnow
-from service.db.session import Database
+from core import jobs
+from core.db.models import Job, as_utc, utcnow
+from core.db.session import Database
+from core.settings import Settings
+from engine.digests import file_sha256
+from engine.progress import Progress
 from service.reconciler import Reconciler, requeue_stale
-from service.settings import Settings
 from tests.service.test_store import (
     TENANT,
     copy_examples,
@@ -22,8 +24,6 @@ from tests.service.test_store import (
     new_job,
     set_state,
 )
-from worker.engine.digests import file_sha256
-from worker.engine.progress import Progress
 from worker.lease import JobLease
 from worker.pipeline import _finish, run_job
 
@@ -163,8 +163,8 @@ def test_a_superseded_attempt_can_write_nothing(
 def published_by_lost_attempt(db: Database, settings: Settings, examples: Path) -> Any:
     """A job whose attempt 1 published its output, then went silent and was re-queued:
     (job id, output directory, the engine's MergeResult)."""
-    from worker.engine.merge import MergeOptions, merge
-    from worker.engine.recipe import parse_recipe
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
 
     copy_examples(settings, examples)
     job_id = new_job(db, settings)

@@ -7,7 +7,7 @@ import time
 
 from sqlalchemy import create_engine, text
 
-from service.db.session import IDLE_PING_S, make_engine
+from core.db.session import IDLE_PING_S, make_engine
 from tests.service.conftest import POSTGRES_ADMIN
 
 

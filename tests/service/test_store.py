@@ -16,12 +16,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Index, MetaData, create_engine, func, inspect, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from service import jobs
-from service.app import create_app
-from service.db.migrate import upgrade
-from service.db.models import Artifact, Base, Job, JobEvent, LineageEdge, as_utc, utcnow
-from service.db.session import Database
-from service.settings import Settings
+from core import jobs
+from core.db.migrate import upgrade
+from core.db.models import Artifact, Base, Job, JobEvent, LineageEdge, as_utc, utcnow
+from core.db.session import Database
+from core.settings import Settings
+from layerswap.app import build_app
 from tests.service.conftest import TENANT, layer_swap, make_settings
 from worker.pipeline import run_job
 
@@ -84,7 +84,7 @@ def test_migrations_build_exactly_the_models(database_url: str) -> None:
 
 def test_the_app_never_creates_the_schema(tmp_path: Path, database_url: str) -> None:
     """Without `upgrade`, requests fail as 503 (JSON) and start-up fails; no table appears."""
-    app = create_app(make_settings(tmp_path, database_url))
+    app = build_app(make_settings(tmp_path, database_url))
 
     bare = TestClient(app)  # no lifespan: only the request path
     response = bare.get("/v1/merges")

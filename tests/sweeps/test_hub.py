@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from engine.recipe import LayerSwapParams
 from service.sweeps.expand import label
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
 from tests.service.conftest import Service, running_service
 from tests.service.test_hub_api import upload
 from tests.sweeps.test_api import CONFIGS, OBJECTIVE, objective_of, submit, wait
-from worker.engine.recipe import LayerSwapParams
 from worker.examples import SWH_SCALE, make_checkpoint
 
 TOKEN = "hf_sweep_secret_token_0123456789"

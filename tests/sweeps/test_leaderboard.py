@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.evaluation.results import sample_records, write_samples
 from service.sweeps.leaderboard import _versus
 from tests.evaluation.test_compare import lm_eval_samples
 from tests.service.conftest import make_settings
-from worker.evaluation.results import sample_records, write_samples
 
 TENANT = "default"
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from service import jobs
+from core import jobs
+from core.db.session import Database
+from core.webhooks.outbox import emit
 from service.auth import create_key
-from service.db.session import Database
-from service.webhooks.outbox import emit
 from tests.evaluation.conftest import math_expert
 from tests.service.conftest import Service, database_url, running_service
 from tests.webhooks.receiver import Receiver

@@ -20,8 +20,8 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from service.db.migrate import upgrade
-from service.settings import Settings
+from core.db.migrate import upgrade
+from core.settings import Settings
 from tests.distributed.conftest import free_port
 from tests.service.conftest import Service, running_service
 from tests.webhooks.conftest import FAST, announce

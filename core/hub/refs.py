@@ -1,0 +1,62 @@
+"""`hf://org/name[@revision]` sources."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from engine.recipe import Recipe, named_sources
+
+SCHEME = "hf://"
+_REPO = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+_REF_RE = re.compile(
+    rf"^hf://(?P<repo>{_REPO})(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9._/-]{{0,199}}))?$"
+)
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo: str
+    revision: str  # a branch, a tag or a commit sha
+
+    @property
+    def pinned(self) -> bool:
+        return bool(_SHA_RE.match(self.revision))
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.repo}@{self.revision}"
+
+
+def is_hub_source(source: str) -> bool:
+    return source.startswith(SCHEME)
+
+
+def parse_hub_source(source: str) -> HubRef:
+    """Raises ValueError with the expected form when `source` is not a valid hf:// reference."""
+    match = _REF_RE.match(source)
+    if not match:
+        raise ValueError(
+            f"{source!r} is not a Hub source: use hf://org/name or hf://org/name@revision"
+        )
+    return HubRef(match["repo"], match["revision"] or "main")
+
+
+def hub_sources(recipe: Recipe) -> list[str]:
+    """The recipe's hf:// sources, each once, in order."""
+    return list(dict.fromkeys(n.source for n in named_sources(recipe) if is_hub_source(n.source)))
+
+
+def replace_sources(request: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
+    """A recipe mapping with its sources renamed by `mapping` (e.g. pinned to commit shas)."""
+    result = dict(request)
+    if isinstance(result.get("experts"), dict):
+        result["experts"] = {
+            role: [mapping.get(x, x) for x in items] for role, items in result["experts"].items()
+        }
+    if isinstance(result.get("models"), list):
+        result["models"] = [mapping.get(x, x) for x in result["models"]]
+    if result.get("base") is not None:
+        result["base"] = mapping.get(result["base"], result["base"])
+    return result

@@ -1,0 +1,234 @@
+"""A Hugging Face checkpoint directory opened for streaming: configs and tensor locations.
+
+Opening reads headers only. Tensor bytes are read later with positioned reads into caller
+buffers (never mmap: mapped pages would count against the process's memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import CheckpointError, quoted
+from engine.limits import MAX_JSON_BYTES, MAX_LAYERS, MAX_TENSORS, MAX_WEIGHT_FILES
+from engine.safetensors_format import TensorInfo, read_header
+
+INDEX_FILE = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+EXTRA_CONFIG_FILES = ("generation_config.json",)
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_NUMBER_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
+LAYER_NAME_FORM = "…layers.<n>.…"
+SHOWN_PATTERNS = 5
+_PATTERN_CHARS = 100  # a tensor name in an error message, cut
+
+
+def layer_index(tensor_name: str) -> int | None:
+    """Transformer layer of a tensor from its name (`model.layers.7.mlp...` -> 7), else None."""
+    match = _LAYER_RE.search(tensor_name)
+    return int(match.group(1)) if match else None
+
+
+def name_patterns(names: Iterable[str], limit: int = SHOWN_PATTERNS) -> list[str]:
+    """A few distinct tensor-name shapes (`transformer.h.<n>.mlp.weight`), numbered ones first:
+    a numbered stack that is not recognised as layers is what a reader needs to see."""
+    patterns = {_NUMBER_RE.sub("<n>", name)[:_PATTERN_CHARS] for name in names}
+    return sorted(patterns, key=lambda p: ("<n>" not in p, p))[:limit]
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    weight_files: list[Path]
+    _fds: dict[Path, int] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: Path) -> Checkpoint:
+        """Open and validate a checkpoint directory (headers only)."""
+        if not path.is_dir():
+            raise CheckpointError.at(path, "not a checkpoint directory (does not exist)")
+        config = _read_json(path / "config.json")
+        if not isinstance(config, dict):
+            raise CheckpointError.at(path / "config.json", "must be a JSON object")
+        files, expected = _weight_files(path)
+        tensors: dict[str, TensorInfo] = {}
+        for file in files:
+            found, _ = read_header(file)
+            if len(tensors) + len(found) > MAX_TENSORS:
+                raise CheckpointError.at(path, f"more than {MAX_TENSORS} tensors")
+            for name, info in found.items():
+                if name in tensors:
+                    raise CheckpointError.at(
+                        file, f"tensor {quoted(name)} also in {tensors[name].file}"
+                    )
+                if expected is not None and expected.get(name) != file.name:
+                    raise CheckpointError.at(
+                        path / INDEX_FILE,
+                        f"tensor {quoted(name)} in {file.name} is not indexed there",
+                    )
+                tensors[name] = info
+        if expected is not None and (missing := sorted(set(expected) - set(tensors))):
+            raise CheckpointError.at(
+                path / INDEX_FILE, f"indexed tensors missing from the shards: {missing[:5]}"
+            )
+        if not tensors:
+            raise CheckpointError.at(path, "checkpoint holds no tensors")
+        checkpoint = cls(path, config, tensors, files)
+        checkpoint.check_layers()
+        return checkpoint
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        nested = self.config.get("text_config")
+        return nested if isinstance(nested, dict) else self.config
+
+    @property
+    def num_layers(self) -> int:
+        value = self.text_config.get("num_hidden_layers")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise CheckpointError.at(
+                self.path / "config.json", "num_hidden_layers missing or not a positive integer"
+            )
+        if value > MAX_LAYERS:
+            raise CheckpointError.at(
+                self.path / "config.json", f"num_hidden_layers is {value}; at most {MAX_LAYERS}"
+            )
+        return value
+
+    @property
+    def model_type(self) -> str:
+        value = self.config.get("model_type")
+        return value[:80] if isinstance(value, str) else "unknown"
+
+    def check_layers(self) -> None:
+        """The layer indices in tensor names must be exactly 0..num_hidden_layers-1."""
+        found = {i for name in self.tensors if (i := layer_index(name)) is not None}
+        expected = set(range(self.num_layers))
+        if found and found != expected:
+            missing = sorted(expected - found)
+            raise CheckpointError.at(
+                self.path,
+                f"config says {self.num_layers} layers but tensors name layers "
+                f"{min(found)}..{max(found)} ({len(found)} distinct"
+                + (f"; missing {_listed(missing)})" if missing else ")"),
+            )
+
+    def require_layers(self, purpose: str) -> None:
+        """Refuse unless tensor names show the layer stack (`…layers.<n>.…`).
+
+        For what treats layers differently from the rest (a layer swap, per-layer analysis):
+        an unrecognised naming scheme would otherwise make every layer a non-layer tensor and
+        give a wrong result without an error. Open() already made sure that recognised
+        indices are exactly 0..num_hidden_layers-1.
+        """
+        if any(layer_index(name) is not None for name in self.tensors):
+            return
+        raise CheckpointError.at(
+            self.path,
+            f"{purpose} needs the transformer layers, but no tensor name has the form "
+            f"{LAYER_NAME_FORM} (model_type {self.model_type!r} names its tensors "
+            f"{', '.join(name_patterns(self.tensors))}, …); this architecture is not "
+            "supported for it",
+        )
+
+    def fd(self, file: Path) -> int:
+        """A cached read-only descriptor for one of this checkpoint's weight files."""
+        if file not in self._fds:
+            try:
+                self._fds[file] = os.open(file, os.O_RDONLY)
+            except OSError as e:
+                raise CheckpointError.at(file, f"cannot open: {e.strerror}") from None
+        return self._fds[file]
+
+    def read_into(self, info: TensorInfo, buffer: memoryview, first_byte: int = 0) -> None:
+        """Fill `buffer` with the tensor's bytes starting at `first_byte` within the tensor."""
+        fd, offset, view = self.fd(info.file), info.start + first_byte, buffer
+        while len(view):
+            n = os.preadv(fd, [view], offset)
+            if n == 0:
+                raise CheckpointError.at(info.file, f"truncated while reading {info.name!r}")
+            view, offset = view[n:], offset + n
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _listed(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block the read forever
+            raise CheckpointError.at(path, "not a regular file")
+        if info.st_size > MAX_JSON_BYTES:
+            raise CheckpointError.at(path, f"{info.st_size} bytes; at most {MAX_JSON_BYTES}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError.at(path, "missing") from None
+    except RecursionError:
+        raise CheckpointError.at(path, "JSON nested too deeply") from None
+    # ValueError covers bad JSON, bad UTF-8 and integers too long for Python to convert.
+    except (OSError, ValueError) as e:
+        raise CheckpointError.at(path, f"not valid JSON ({str(e)[:200]})") from None
+
+
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files to read and, for a sharded checkpoint, the index's weight map."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) and "/" not in v and "\0" not in v and v.endswith(".safetensors")
+            for v in weight_map.values()
+        ):
+            raise CheckpointError.at(index, "weight_map must map tensor names to shard files")
+        if len(weight_map) > MAX_TENSORS:
+            raise CheckpointError.at(index, f"more than {MAX_TENSORS} tensors")
+        files = _at_most(sorted({path / v for v in weight_map.values()}), index)
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError.at(file, "listed in the index but missing")
+        return files, weight_map
+    files = _at_most(sorted(path.glob("*.safetensors")), path)
+    if files:
+        return files, None
+    if pickled := sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES):
+        raise CheckpointError.at(
+            path,
+            f"only pickle weights found ({', '.join(pickled)}); they can run code when loaded, "
+            "so they are refused. Convert them once, somewhere trusted: "
+            "AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out, "
+            "safe_serialization=True)",
+        )
+    raise CheckpointError.at(path, "no *.safetensors weights found")
+
+
+def _at_most(files: list[Path], where: Path) -> list[Path]:
+    if len(files) > MAX_WEIGHT_FILES:
+        raise CheckpointError.at(where, f"{len(files)} weight files; at most {MAX_WEIGHT_FILES}")
+    return files

@@ -1,0 +1,152 @@
+"""The arithmetic: turns one planned tensor into output bytes, a chunk of elements at a time.
+
+Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
+output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
+then combines chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+
+from engine.memory import keep_freed_memory
+from engine.plan import Plan, TensorPlan, TiesSettings
+from engine.selection import ChunkSource, TopK, top_k, trim_
+from engine.tensor_io import TORCH_DTYPES, read_elements
+
+
+class Kernels:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        device: str,
+        chunk_elements: int,
+        check_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
+        # Raises when the merge is canceled; called per chunk of TIES's top-k passes, which read
+        # a whole tensor several times before its first output byte.
+        self.check_cancel = check_cancel or (lambda: None)
+        self.device = torch.device(device)
+        # Arithmetic runs on quarter chunks: its float32 temporaries (a dozen for TIES) then
+        # stay in the CPU's cache instead of going to memory and back between steps
+        # (measured on 1.7B parameters: soup 9.4 -> 6.8 s, TIES about 1.5x faster).
+        self.compute_elements = max(1, chunk_elements // 4)
+        # Top-k selection gathers |δ| of a tensor of up to 8 chunks (every layer weight at the
+        # default) into one buffer and partitions it: one pass, where the radix select that
+        # larger tensors need makes two and histograms both (measured ~3x slower).
+        self.selection_elements = chunk_elements
+        self.selection_in_memory = 8 * chunk_elements
+
+    def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
+        """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
+        numel = math.prod(tensor.shape)
+        selections = self._ties_selections(tensor) if tensor.op == "ties" else []
+        ties_left = [top.ties if top else 0 for top in selections]
+        step = self.compute_elements
+        for start in range(0, numel, step):
+            count = min(step, numel - start)
+            if tensor.op == "ties":
+                out = self._ties(tensor, selections, ties_left, start, count)
+            else:
+                out = self._linear(tensor, start, count)
+            yield out.to(TORCH_DTYPES[tensor.dtype]).cpu()
+
+    def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
+        """The tensor's output bytes, a chunk at a time, in order (no copies)."""
+        for chunk in self.chunks(tensor):
+            yield chunk.view(-1).view(torch.uint8).numpy().data
+
+    def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
+        checkpoint = self.plan.checkpoints[source]
+        raw = read_elements(checkpoint, checkpoint.tensors[name], start, count)
+        wide = torch.float64 if raw.dtype == torch.float64 else torch.float32
+        return raw.to(self.device).to(wide)
+
+    def _linear(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
+        acc: torch.Tensor | None = None
+        for term in tensor.terms:
+            x = self._read(term.source, tensor.name, start, count)
+            if term.coefficient != 1.0:
+                x.mul_(term.coefficient)
+            acc = x if acc is None else acc.add_(x)
+        assert acc is not None
+        return acc
+
+    def _ties_settings(self) -> TiesSettings:
+        assert self.plan.ties is not None
+        return self.plan.ties
+
+    def _magnitudes(self, tensor: TensorPlan, source: int) -> ChunkSource:
+        """|T_source − base| of the whole tensor, in chunks that still fit in memory."""
+        base = self._ties_settings().base
+
+        def chunks() -> Iterator[torch.Tensor]:
+            numel = math.prod(tensor.shape)
+            step = self.selection_elements
+            for start in range(0, numel, step):
+                self.check_cancel()
+                count = min(step, numel - start)
+                x = self._read(source, tensor.name, start, count)
+                yield x.sub_(self._read(base, tensor.name, start, count)).abs_()
+
+        return chunks
+
+    def _ties_selections(self, tensor: TensorPlan) -> list[TopK | None]:
+        density = self._ties_settings().density
+        if density >= 1.0:
+            return [None] * len(tensor.terms)
+        numel = math.prod(tensor.shape)
+        k = max(1, math.ceil(density * numel))
+        return [
+            top_k(self._magnitudes(tensor, t.source), k, numel=numel,
+                  in_memory=self.selection_in_memory)
+            for t in tensor.terms
+        ]  # fmt: skip
+
+    def _ties(
+        self, tensor: TensorPlan, selections: list[TopK | None], ties_left: list[int],
+        start: int, count: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """base + the disjoint mean of the trimmed, weighted deltas that agree with the sign
+        of their sum. The agreeing sum is the sum of the positive parts where that sum is
+        ≥ 0, of the negative parts elsewhere (and likewise the divisor), so each input is
+        read once; every step is float arithmetic, because torch's boolean-mask kernels
+        (where, masked_fill) cost ~20x more per element on CPU. Selecting by multiplying with
+        0/1 is exact; the last `+ 0.0` turns a -0.0 sum into +0.0, as masking did."""
+        settings = self._ties_settings()
+        base = self._read(settings.base, tensor.name, start, count)
+        positive = negative = up = down = base  # assigned by the first term
+        for i, (term, top) in enumerate(zip(tensor.terms, selections, strict=True)):
+            c = term.coefficient
+            delta = self._read(term.source, tensor.name, start, count).sub_(base)
+            if top is not None:
+                ties_left[i] = trim_(delta, top, ties_left[i])
+            if c != 1.0:
+                delta.mul_(c)
+            if i == 0:
+                positive, negative = delta.clamp_min(0.0), delta.clamp_max(0.0)
+                sign = delta.sign_()
+                up, down = sign.clamp_min(0.0).mul_(c), sign.clamp_max_(0.0).mul_(-c)
+            else:
+                positive.add_(delta.clamp_min(0.0))
+                negative.add_(delta.clamp_max(0.0))
+                sign = delta.sign_()
+                up.add_(sign.clamp_min(0.0), alpha=c)
+                down.sub_(sign.clamp_max_(0.0), alpha=c)
+        # 1.0 where the sum is >= 0 (its sign is 0 or 1), else 0.0
+        elected_up = torch.add(positive, negative).sign_().add_(1.0).clamp_max_(1.0)
+        elected_down = torch.sub(1.0, elected_up)
+        mixed = positive.mul_(elected_up).add_(negative.mul_(elected_down))
+        if settings.normalize:
+            divisor = up.mul_(elected_up).add_(down.mul_(elected_down))
+            divisor.add_(torch.sign(divisor).abs_().sub_(1.0).neg_())  # 0 -> 1
+            mixed.div_(divisor)
+        if settings.lambda_ != 1.0:
+            mixed.mul_(settings.lambda_)
+        return base.add_(mixed.add_(0.0))

@@ -1,0 +1,321 @@
+"""Run a plan: stream every output tensor into shards in a staging directory, then publish it.
+
+The output appears atomically: everything is written beside the target, fsynced, and renamed
+into place only when complete; any failure or cancellation removes the staging directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from engine.digests import file_sha256
+from engine.errors import (
+    CheckpointError,
+    DeviceError,
+    DiskFull,
+    OutputError,
+    is_disk_full,
+)
+from engine.limits import MAX_SIDE_FILE_BYTES
+from engine.model_card import render_card
+from engine.plan import Plan
+from engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
+from engine.progress import CancelCheck, ProgressCallback
+from engine.recipe import Recipe, recipe_to_dict
+from engine.streaming import shard_layout, stream_shards
+
+MANIFEST = "layerswap.json"
+CARD = "README.md"
+ENGINE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    device: str = "cpu"
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    durable: bool = True  # fsync files and directory before the rename
+    hash_cache: Path | None = None  # remembers input sha256s across runs
+    overwrite: bool = False
+    drain_tick_s: float = 0.5  # progress and cancellation while the last writes drain
+    # Names this attempt's staging directory, so a retry can tell its own leftovers apart.
+    staging_tag: str = ""
+    job: dict[str, Any] | None = None  # recorded in the manifest: which job made the output
+    # sha256s known without reading the file (Hub LFS files, of which only the header may be
+    # here when the merge reads none of their tensors)
+    known_digests: dict[Path, str] = field(default_factory=dict)
+    # Called with the planned output size in bytes once the plan is made, before anything is
+    # written; raises to refuse (the service's per-tenant storage quota).
+    reserve_space: Callable[[int], None] | None = None
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    out_dir: Path
+    files: dict[str, str]  # file name -> sha256, every file in out_dir
+    plan_digest: str
+    manifest: dict[str, Any]
+    seconds: float
+
+
+def merge(
+    recipe: Recipe,
+    out_dir: Path,
+    *,
+    resolve: Resolver,
+    options: MergeOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> MergeResult:
+    """Plan and execute a recipe into `out_dir` (which must not exist unless overwrite)."""
+    options = options or MergeOptions()
+    check_output(out_dir, overwrite=options.overwrite)
+    plan = make_plan(
+        recipe, resolve=resolve, chunk_elements=options.chunk_elements, should_cancel=should_cancel
+    )
+    try:
+        return execute(plan, recipe, out_dir, options, on_progress, should_cancel)
+    finally:
+        plan.close()
+
+
+def check_output(out_dir: Path, *, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"{out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputError(f"{out_dir}: already exists and is not empty (use overwrite)")
+
+
+def execute(
+    plan: Plan,
+    recipe: Recipe,
+    out_dir: Path,
+    options: MergeOptions,
+    on_progress: ProgressCallback | None = None,
+    should_cancel: CancelCheck | None = None,
+) -> MergeResult:
+    device = resolve_device(options.device)
+    started = time.monotonic()
+    out_dir = out_dir.absolute()
+    needed = planned_output_bytes(plan)
+    if options.reserve_space is not None:
+        options.reserve_space(needed)  # e.g. a tenant's storage quota: refused before any write
+    tag = f"{options.staging_tag}-" if options.staging_tag else ""
+    staging = out_dir.parent / f".{out_dir.name}.staging-{tag}{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFull.at(out_dir.parent, "the output directory") from None
+        raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
+    stop_hashing = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
+        inputs = pool.submit(
+            _identify_inputs, plan, options.hash_cache, options.known_digests, stop_hashing.is_set
+        )
+        try:
+            _check_free_space(staging, needed)
+            files = stream_shards(
+                plan,
+                staging,
+                device=device,
+                chunk_elements=options.chunk_elements,
+                durable=options.durable,
+                tick_s=options.drain_tick_s,
+                on_progress=on_progress,
+                should_cancel=should_cancel,
+                started=started,
+            )
+            files.update(_write_side_files(plan, staging, recipe.output.dtype))
+            manifest = _manifest(plan, recipe, inputs, files, options.job)
+            card = render_card(manifest, name=recipe.output.name)
+            (staging / CARD).write_text(card, encoding="utf-8")
+            files[CARD] = file_sha256(staging / CARD)
+            manifest["outputs"] = dict(sorted(files.items()))
+            files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
+            _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
+        except BaseException as e:
+            stop_hashing.set()  # the pool's exit waits for the hashing thread: end it now
+            shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(e):
+                raise DiskFull.at(out_dir.parent, "the output") from None
+            raise
+    return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
+
+
+def resolve_device(name: str) -> str:
+    """Validate the device before anything is written; torch is imported only for CUDA."""
+    if name == "cpu":
+        return name
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {name!r} requested but no CUDA GPU is available")
+        if name.startswith("cuda:") and int(name[5:]) >= (count := torch.cuda.device_count()):
+            raise DeviceError(f"device {name!r} requested but this host has {count} CUDA GPU(s)")
+        return name
+    raise DeviceError(f"unknown device {name!r} (use cpu, cuda or cuda:N)")
+
+
+def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[str, str]:
+    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input.
+
+    When the recipe converts the weights (`output.dtype`), config.json's dtype says so too:
+    transformers loads weights in the dtype the config declares.
+    """
+    written: dict[str, str] = {}
+    if len(plan.shards) > 1:
+        weight_map = {plan.tensors[i].name: s.filename for s in plan.shards for i in s.tensors}
+        index = {"metadata": {"total_size": plan.total_bytes}, "weight_map": weight_map}
+        written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
+    config_dir = Path(plan.inputs[plan.config_input].path)
+    tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
+    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
+        if (directory / name).is_file():
+            if (size := (directory / name).stat().st_size) > MAX_SIDE_FILE_BYTES:
+                raise CheckpointError.at(
+                    directory / name, f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
+                )
+            shutil.copyfile(directory / name, staging / name)
+            if name == "config.json" and dtype != "source":
+                _set_config_dtype(staging / name, dtype)
+            written[name] = file_sha256(staging / name)
+    _warn_tokenizer_mismatch(plan)
+    return written
+
+
+def _side_file_sources(config_dir: Path, tokenizer_dir: Path) -> list[tuple[Path, str]]:
+    copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
+    return copies + [(tokenizer_dir, n) for n in TOKENIZER_FILES]
+
+
+def _set_config_dtype(path: Path, dtype: str) -> None:
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            for key in ("torch_dtype", "dtype"):
+                if key in section:
+                    section[key] = dtype
+    if "torch_dtype" not in config and "dtype" not in config:
+        config["torch_dtype"] = dtype
+    _write_json(path, config)
+
+
+def _warn_tokenizer_mismatch(plan: Plan) -> None:
+    reference = Path(plan.inputs[plan.tokenizer_input].path) / "tokenizer.json"
+    if not reference.is_file():
+        return
+    digest = file_sha256(reference)
+    for ref in plan.inputs:
+        other = Path(ref.path) / "tokenizer.json"
+        if other.is_file() and file_sha256(other) != digest:
+            plan.warnings.append(
+                f"tokenizer.json of {ref.label} differs from "
+                f"{plan.inputs[plan.tokenizer_input].label}'s, which was used"
+            )
+
+
+def planned_output_bytes(plan: Plan) -> int:
+    """What the output's weights and side files will take on disk: the shards (headers
+    included) and the files copied from the inputs (their sizes are on disk already). The model
+    card, manifest and index, a few KB, come on top."""
+    config_dir = Path(plan.inputs[plan.config_input].path)
+    tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
+    side = 0
+    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
+        with contextlib.suppress(OSError):
+            side += (directory / name).stat().st_size
+    headers = sum(len(header) for header, _ in shard_layout(plan))
+    return plan.total_bytes + headers + side
+
+
+def _check_free_space(directory: Path, needed: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise DiskFull(
+            f"the output needs {needed} bytes but {free} are free in {directory.parent}; "
+            "free space (e.g. DELETE /v1/artifacts/{id}) and submit again",
+            details={"path": str(directory.parent), "needed_bytes": needed, "free_bytes": free},
+        )
+
+
+def _identify_inputs(
+    plan: Plan,
+    cache: Path | None,
+    known: dict[Path, str],
+    should_stop: Callable[[], bool] | None = None,
+) -> list[dict[str, Any]]:
+    identities = []
+    for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
+        files = sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
+        identities.append({
+            "label": ref.label,
+            "role": ref.role,
+            "source": ref.source,
+            "files": {f.name: known.get(f) or file_sha256(f, cache, should_stop) for f in files},
+        })  # fmt: skip
+    return identities
+
+
+def _manifest(
+    plan: Plan,
+    recipe: Recipe,
+    inputs: Future[list[dict[str, Any]]],
+    files: dict[str, str],
+    job: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "layerswap_engine": ENGINE_VERSION,
+        **({"job": job} if job else {}),
+        "recipe": recipe_to_dict(recipe),
+        "inputs": inputs.result(),
+        "resolved_weights": plan.resolved_weights,
+        "plan_digest": plan.digest(),
+        "layers": [
+            {"layer": r.layer, "origin": r.origin, "made_from": r.terms} for r in plan.layer_rows()
+        ],
+        "outputs": dict(sorted(files.items())),
+        "warnings": plan.warnings,
+    }
+
+
+def _write_json(path: Path, data: Any) -> str:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return file_sha256(path)
+
+
+def _publish(staging: Path, out_dir: Path, *, durable: bool, overwrite: bool) -> None:
+    if durable:
+        for entry in staging.iterdir():
+            _fsync(entry)
+        _fsync(staging)
+    previous = None
+    if out_dir.exists():
+        check_output(out_dir, overwrite=overwrite)
+        previous = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out_dir, previous)
+    os.rename(staging, out_dir)
+    if durable:
+        _fsync(out_dir.parent)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

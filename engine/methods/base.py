@@ -1,0 +1,76 @@
+"""What every method builder receives and returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.checkpoint import Checkpoint
+from engine.errors import RecipeError
+from engine.plan import InputRef, Op, Term, TiesSettings
+from engine.progress import CancelCheck
+
+# (tensor name, layer index or None) -> (op, terms, provenance label)
+Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
+
+
+@dataclass
+class Inputs:
+    """The recipe's checkpoints, opened, in plan order."""
+
+    refs: list[InputRef]
+    checkpoints: list[Checkpoint]
+    chunk_elements: int
+    should_cancel: CancelCheck | None = None  # asked while magnitudes are computed
+    headers_only: bool = False  # magnitudes are not computed (all equal): a validation plan
+
+    def indices(self, role: str) -> list[int]:
+        return [i for i, ref in enumerate(self.refs) if ref.role == role]
+
+    @property
+    def base(self) -> int | None:
+        found = self.indices("base")
+        return found[0] if found else None
+
+    def magnitudes(self, indices: Sequence[int], field: str) -> list[float]:
+        """Each expert's mean row MAV against the base (DESIGN §3.3); needs the base."""
+        from engine.analysis import expert_magnitude  # imports torch: only magnitude weights
+
+        if self.base is None:
+            raise RecipeError.for_field("base", f"required for magnitude weights ({field})")
+        if self.headers_only:
+            return [1.0] * len(indices)
+        base = self.checkpoints[self.base]
+        values = []
+        for i in indices:
+            m = expert_magnitude(base, self.checkpoints[i], self.chunk_elements, self.should_cancel)
+            if m <= 0.0:
+                raise RecipeError.for_field(
+                    field, f"magnitude weights undefined: {self.refs[i].label} equals the base"
+                )
+            values.append(m)
+        return values
+
+
+@dataclass
+class MethodPlan:
+    rule: Rule
+    config_input: int
+    tokenizer_input: int
+    ties: TiesSettings | None = None
+    resolved_weights: dict[str, Any] = field(default_factory=dict)
+
+
+def normalized(weights: Sequence[float]) -> list[float]:
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def inverse_normalized(magnitudes: Sequence[float]) -> list[float]:
+    """Weights proportional to 1/magnitude, summing to 1 (paper §5.1)."""
+    return normalized([1.0 / m for m in magnitudes])
+
+
+def terms(indices: Sequence[int], coefficients: Sequence[float], scale: float = 1.0) -> list[Term]:
+    return [Term(i, scale * c) for i, c in zip(indices, coefficients, strict=True)]

@@ -1,0 +1,96 @@
+"""Layer swapping (Bandarkar et al. 2025, Algorithm 1 with its 'or' read as 'and').
+
+Bottom and top layers come from the language expert, the middle from the task expert, with
+optional transition layers that average the two. Several experts of one role are first souped;
+coefficients multiply through so everything stays one linear combination per tensor.
+"""
+
+from __future__ import annotations
+
+from engine.errors import RecipeError
+from engine.methods.base import (
+    Inputs,
+    MethodPlan,
+    inverse_normalized,
+    normalized,
+    terms,
+)
+from engine.plan import Op, Term
+from engine.recipe import LayerSwapRecipe
+
+
+def region(layer: int, num_layers: int, p: LayerSwapRecipe) -> str:
+    """Which part of the swap a layer belongs to: language, transition or task."""
+    q = p.params
+    if layer < q.bottom:
+        return "language"
+    if layer < q.bottom + q.bottom_transition:
+        return "transition"
+    if layer < num_layers - q.top - q.top_transition:
+        return "task"
+    if layer < num_layers - q.top:
+        return "transition"
+    return "language"
+
+
+def check_fits(recipe: LayerSwapRecipe, num_layers: int) -> None:
+    q = recipe.params
+    used = q.bottom + q.bottom_transition + q.top_transition + q.top
+    if used > num_layers:
+        raise RecipeError.for_field(
+            "params",
+            f"bottom + bottom_transition + top_transition + top = {used} exceeds the "
+            f"{num_layers} layers of the model",
+        )
+
+
+def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
+    for checkpoint in inputs.checkpoints:  # never a layer stack taken for non-layer tensors
+        checkpoint.require_layers(recipe.method)
+    q = recipe.params
+    num_layers = inputs.checkpoints[0].num_layers
+    check_fits(recipe, num_layers)
+    task, language = inputs.indices("task"), inputs.indices("language")
+
+    def soup(indices: list[int], name: str) -> list[float]:
+        if q.expert_soup == "magnitude" and len(indices) > 1:
+            return inverse_normalized(inputs.magnitudes(indices, "params.expert_soup"))
+        return [1.0 / len(indices)] * len(indices)
+
+    task_soup, language_soup = soup(task, "task"), soup(language, "language")
+    if q.transition_weights == "uniform":
+        w_task, w_language = 0.5, 0.5
+    elif q.transition_weights == "magnitude":
+        m = inputs.magnitudes(task + language, "params.transition_weights")
+        m_task = sum(s * x for s, x in zip(task_soup, m[: len(task)], strict=True))
+        m_language = sum(s * x for s, x in zip(language_soup, m[len(task) :], strict=True))
+        w_task, w_language = inverse_normalized([m_task, m_language])
+    else:
+        w_task, w_language = normalized([q.transition_weights.task, q.transition_weights.language])
+
+    def mix(scale_task: float, scale_language: float) -> tuple[Term, ...]:
+        return tuple(
+            terms(task, task_soup, scale_task) + terms(language, language_soup, scale_language)
+        )
+
+    made = {
+        "task": mix(1.0, 0.0),
+        "language": mix(0.0, 1.0),
+        "transition": mix(w_task, w_language),
+        "average": mix(0.5, 0.5),
+    }
+
+    def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        origin = q.non_layer if layer is None else region(layer, num_layers, recipe)
+        return "linear", made[origin], origin
+
+    return MethodPlan(
+        rule=rule,
+        config_input=task[0],
+        tokenizer_input=language[0],
+        resolved_weights={
+            "task_soup": task_soup,
+            "language_soup": language_soup,
+            "transition": {"task": w_task, "language": w_language},
+        },
+    )

@@ -1,0 +1,167 @@
+"""The plan: for every output tensor, how it is made. Computed from headers, before any write.
+
+A plan is plain data: it can be printed (`--dry-run`), stored with a job, and digested for
+lineage. The opened checkpoints travel beside it (`Plan.checkpoints`) but are not part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from engine.checkpoint import Checkpoint
+from engine.safetensors_format import DTYPE_SIZES
+
+Op = Literal["copy", "linear", "ties"]
+
+
+@dataclass(frozen=True)
+class Term:
+    """One input tensor with its coefficient: output += coefficient * input[source]."""
+
+    source: int
+    coefficient: float
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # output safetensors dtype
+    op: Op
+    terms: tuple[Term, ...]
+    layer: int | None
+    origin: str  # provenance label: language, task, transition, average, soup, ...
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+
+@dataclass(frozen=True)
+class InputRef:
+    label: str  # base, task[0], language[1], models[2]
+    role: str  # base, task, language, model
+    source: str  # as written in the recipe
+    path: str  # resolved local directory
+
+
+@dataclass(frozen=True)
+class TiesSettings:
+    base: int
+    density: float
+    lambda_: float
+    normalize: bool
+
+
+@dataclass(frozen=True)
+class Shard:
+    filename: str
+    tensors: tuple[int, ...]  # indices into Plan.tensors, in file order
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One line of the provenance table: where a layer (or the non-layer tensors) comes from."""
+
+    layer: str  # "0".."L-1" or "non-layer"
+    origin: str
+    terms: str
+
+
+@dataclass
+class Plan:
+    method: str
+    inputs: tuple[InputRef, ...]
+    tensors: tuple[TensorPlan, ...]
+    shards: tuple[Shard, ...]
+    num_layers: int
+    config_input: int  # config.json and generation config come from here
+    tokenizer_input: int  # tokenizer files come from here
+    ties: TiesSettings | None = None
+    resolved_weights: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def describe_terms(self, terms: tuple[Term, ...]) -> str:
+        if len(terms) == 1 and terms[0].coefficient == 1.0:
+            return self.inputs[terms[0].source].label
+        return " + ".join(f"{c.coefficient:.4g}×{self.inputs[c.source].label}" for c in terms)
+
+    def layer_rows(self) -> list[LayerRow]:
+        """Per-layer provenance: every tensor of a layer shares one origin, so show the first."""
+        seen: dict[int | None, LayerRow] = {}
+        origins: dict[int | None, set[str]] = {}
+        for t in self.tensors:
+            origins.setdefault(t.layer, set()).add(t.origin)
+            if t.layer not in seen:
+                label = "non-layer" if t.layer is None else str(t.layer)
+                terms = self.describe_terms(t.terms)
+                if t.op == "ties" and self.ties is not None:
+                    terms = f"ties(base={self.inputs[self.ties.base].label}; {terms})"
+                seen[t.layer] = LayerRow(label, t.origin, terms)
+        rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
+        if None in seen:
+            rows.append(seen[None])
+        return [LayerRow(r.layer, "/".join(sorted(origins[_key(r)])), r.terms) for r in rows]
+
+    def table(self) -> str:
+        rows = self.layer_rows()
+        width = max(len(r.layer) for r in rows)
+        owidth = max(len(r.origin) for r in rows)
+        lines = [f"{'layer':<{width}}  {'origin':<{owidth}}  made from"]
+        lines += [f"{r.layer:<{width}}  {r.origin:<{owidth}}  {r.terms}" for r in rows]
+        lines.append(
+            f"{len(self.tensors)} tensors, {self.total_bytes / 1e9:.3f} GB in "
+            f"{len(self.shards)} shard(s); "
+            f"{sum(t.op == 'copy' for t in self.tensors)} copied verbatim"
+        )
+        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "num_layers": self.num_layers,
+            "inputs": [asdict(i) for i in self.inputs],
+            "config_input": self.config_input,
+            "tokenizer_input": self.tokenizer_input,
+            "ties": asdict(self.ties) if self.ties else None,
+            "resolved_weights": self.resolved_weights,
+            "tensors": [_tensor_dict(t) for t in self.tensors],
+            "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
+        }
+
+    def digest(self) -> str:
+        """sha256 of the plan's canonical JSON, without local paths (stable across machines)."""
+        data = self.to_dict()
+        for entry in data["inputs"]:
+            entry.pop("path")
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(canonical).hexdigest()
+
+    def close(self) -> None:
+        for checkpoint in self.checkpoints:
+            checkpoint.close()
+
+
+def _key(row: LayerRow) -> int | None:
+    return None if row.layer == "non-layer" else int(row.layer)
+
+
+def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "op": t.op,
+        "layer": t.layer,
+        "origin": t.origin,
+        "terms": [[term.source, term.coefficient] for term in t.terms],
+    }

@@ -1,0 +1,138 @@
+"""Recipe + checkpoint headers -> validated Plan. Nothing is written here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.checkpoint import Checkpoint, layer_index
+from engine.errors import EngineError, RecipeError
+from engine.limits import MAX_WEIGHT_FILES
+from engine.methods import BUILDERS, Inputs, MethodPlan
+from engine.plan import InputRef, Plan, Shard, TensorPlan, Term
+from engine.progress import CancelCheck
+from engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
+from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
+from engine.validate import check_compatible
+
+Resolver = Callable[[str], Path]
+# Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
+# float32 temporaries (reused by the allocator from chunk to chunk) stay in the tens of MB.
+DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
+
+
+def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
+    """The recipe's checkpoints in plan order, each with its role and label."""
+    return [
+        InputRef(n.label, n.role, n.source, str(resolve(n.source))) for n in named_sources(recipe)
+    ]
+
+
+def make_plan(
+    recipe: Recipe,
+    *,
+    resolve: Resolver,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    should_cancel: CancelCheck | None = None,
+    headers_only: bool = False,
+) -> Plan:
+    """Open every input (headers only), validate them together and plan every output tensor.
+    `should_cancel` is asked while planning reads weights (magnitude weights). `headers_only`
+    skips those reads (magnitude weights come out equal): every check, none of the cost, for
+    validating a request before it is accepted."""
+    refs = input_refs(recipe, resolve)
+    checkpoints: list[Checkpoint] = []
+    try:
+        for ref in refs:
+            checkpoints.append(Checkpoint.open(Path(ref.path)))
+        check_compatible(refs, checkpoints)
+        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
+        method = BUILDERS[recipe.method](recipe, inputs)
+        plan = _assemble(recipe, refs, checkpoints, method)
+    except EngineError:
+        for ckpt in checkpoints:
+            ckpt.close()
+        raise
+    plan.checkpoints = checkpoints
+    return plan
+
+
+def _assemble(
+    recipe: Recipe, refs: list[InputRef], checkpoints: list[Checkpoint], method: MethodPlan
+) -> Plan:
+    primary = checkpoints[method.config_input]
+    order = sorted(primary.tensors.values(), key=lambda t: (str(t.file), t.start))
+    warnings: list[str] = []
+    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings) for info in order)
+    plan = Plan(
+        method=recipe.method,
+        inputs=tuple(refs),
+        tensors=tensors,
+        shards=_shards(tensors, recipe.output.shard_bytes),
+        num_layers=primary.num_layers,
+        config_input=method.config_input,
+        tokenizer_input=method.tokenizer_input,
+        ties=method.ties,
+        resolved_weights=method.resolved_weights,
+        warnings=warnings,
+    )
+    if isinstance(recipe, SoupRecipe | LayerSwapRecipe) and recipe.base is not None:
+        used = {t.source for p in tensors for t in p.terms}
+        if (base := len(refs) - 1) not in used and not _needs_magnitude(recipe):
+            warnings.append(f"base {refs[base].source} is not used by this recipe")
+    return plan
+
+
+def _needs_magnitude(recipe: Recipe) -> bool:
+    if isinstance(recipe, LayerSwapRecipe):
+        q = recipe.params
+        return "magnitude" in (q.transition_weights, q.expert_soup)
+    return isinstance(recipe, SoupRecipe) and recipe.params.weights == "magnitude"
+
+
+def _tensor(
+    recipe: Recipe, name: str, primary: Checkpoint, method: MethodPlan, warnings: list[str]
+) -> TensorPlan:
+    info = primary.tensors[name]
+    layer = layer_index(name)
+    op, terms, origin = method.rule(name, layer)
+    terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
+    if info.dtype not in FLOAT_DTYPES:
+        # Integer/bool buffers cannot be averaged: take them from the dominant input.
+        source = method.ties.base if method.ties else max(terms, key=lambda t: t.coefficient).source
+        warnings.append(f"{name}: {info.dtype} tensor copied from one input, not merged")
+        return TensorPlan(name, info.shape, info.dtype, "copy", (Term(source, 1.0),), layer, origin)
+    dtype = info.dtype if recipe.output.dtype == "source" else OUTPUT_DTYPES[recipe.output.dtype]
+    if op == "linear" and len(terms) == 1 and terms[0].coefficient == 1.0 and dtype == info.dtype:
+        op = "copy"
+    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin)
+
+
+def _shards(tensors: tuple[TensorPlan, ...], budget: int) -> tuple[Shard, ...]:
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, t in enumerate(tensors):
+        if groups[-1] and size + t.nbytes > budget:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += t.nbytes
+    if len(groups) == 1:
+        return (Shard("model.safetensors", tuple(groups[0])),)
+    n = len(groups)
+    if n > MAX_WEIGHT_FILES:  # each shard is an open file while writing
+        raise RecipeError.for_field(
+            "output.shard_size",
+            f"would split the output into {n} shards; at most {MAX_WEIGHT_FILES} (use a larger "
+            "shard_size)",
+        )
+    return tuple(
+        Shard(f"model-{k + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for k, g in enumerate(groups)
+    )
+
+
+def reject_unknown_source(source: str) -> None:
+    if "://" in source:
+        raise RecipeError.for_field(
+            "source", f"{source}: only local checkpoint directories are supported here"
+        )

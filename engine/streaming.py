@@ -1,0 +1,185 @@
+"""The producer: lays out the output files and feeds the writer.
+
+Copies are handed over first, as file ranges (never decoded, no memory held), so the writer
+can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
+in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
+Linear plans on the CPU compute in numpy (linear_kernels.py), TIES on the CPU in
+numba-compiled loops (ties_kernels.py); torch, seconds to import, is loaded only for the rest
+(CUDA, float64), while the copies are written.
+Cancellation is checked between tensors and chunks; progress is reported between chunks and,
+while the last writes drain, every half second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine import linear_kernels
+from engine.errors import MergeCanceled
+from engine.plan import Plan, TensorPlan
+from engine.progress import CancelCheck, Progress, ProgressCallback
+from engine.safetensors_format import DTYPE_SIZES, encode_header
+from engine.writer import OutputWriter
+
+READ_AHEAD = 64 * 1024 * 1024
+
+
+def shard_layout(plan: Plan) -> list[tuple[bytes, list[int]]]:
+    """Per shard: its header and the absolute file offset of each of its tensors.
+
+    Inside a shard, copied tensors come before computed ones (within each item size, the
+    larger first, as the safetensors library orders them, so every tensor stays aligned to
+    its item size). A shard's sha256 is computed in file order as its bytes are written, so
+    this lets hashing run through the copies while torch is imported and the computed tensors
+    are made, instead of waiting behind a computed first tensor (a layer swap's lm_head)."""
+    layout = []
+    for shard in plan.shards:
+        entries: dict[str, dict[str, Any]] = {}
+        offsets: dict[int, int] = {}
+        offset = 0
+        for index in sorted(shard.tensors, key=lambda i: _write_order(plan.tensors[i])):
+            offsets[index] = offset
+            offset += plan.tensors[index].nbytes
+        for index in shard.tensors:
+            t, start = plan.tensors[index], offsets[index]
+            entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                               "data_offsets": [start, start + t.nbytes]}  # fmt: skip
+        header = encode_header(entries, {"format": "pt"})
+        layout.append((header, [len(header) + offsets[i] for i in shard.tensors]))
+    return layout
+
+
+def _write_order(tensor: TensorPlan) -> tuple[int, bool]:
+    return -DTYPE_SIZES[tensor.dtype], tensor.op != "copy"  # a stable sort keeps the rest
+
+
+def stream_shards(
+    plan: Plan,
+    staging: Path,
+    *,
+    device: str,
+    chunk_elements: int,
+    durable: bool,
+    tick_s: float,
+    on_progress: ProgressCallback | None,
+    should_cancel: CancelCheck | None,
+    started: float,
+) -> dict[str, str]:
+    """Write every shard into `staging`; return sha256 by file name."""
+    layout = shard_layout(plan)
+    files = [
+        (shard.filename, header, len(header) + sum(plan.tensors[i].nbytes for i in shard.tensors))
+        for shard, (header, _) in zip(plan.shards, layout, strict=True)
+    ]
+    sizes = [size for _, _, size in files]
+    writer = OutputWriter(staging, files, durable=durable)
+
+    def report(stage: str = "merging") -> None:
+        if on_progress is not None:
+            on_progress(
+                Progress(stage, writer.bytes_written, sum(sizes), writer.tensors_written,
+                         len(plan.tensors), time.monotonic() - started)
+            )  # fmt: skip
+
+    def check_cancel() -> None:
+        if should_cancel is not None and should_cancel():
+            raise MergeCanceled("merge canceled; no output was left behind")
+
+    placed = sorted(  # in file order: the writer assembles each file from its start
+        (
+            (file, offset, plan.tensors[index])
+            for file, (shard, (_, offsets)) in enumerate(zip(plan.shards, layout, strict=True))
+            for index, offset in zip(shard.tensors, offsets, strict=True)
+        ),
+        key=lambda placement: placement[:2],
+    )
+    try:
+        report()
+        for file, offset, tensor in placed:
+            if tensor.op == "copy":
+                _queue_copy(plan, tensor, writer, file, offset)
+        kernels = _kernels(plan, device, chunk_elements, check_cancel)
+        for file, offset, tensor in placed:
+            if tensor.op != "copy":
+                check_cancel()
+                _write_computed(plan, tensor, writer, kernels, file, offset, check_cancel)
+                report()
+
+        def tick() -> None:
+            check_cancel()
+            report()
+
+        writer.finish(on_tick=tick, tick_s=tick_s)
+    except BaseException:
+        writer.abort()
+        raise
+    report("finalizing")
+    return writer.digests
+
+
+class ChunkKernels(Protocol):
+    def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]: ...
+
+
+def _kernels(
+    plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
+) -> ChunkKernels:
+    """numpy for linear plans on the CPU, numba for TIES on the CPU; torch (seconds to import,
+    while the copies run) for the rest. numba and torch are imported here, when a plan needs
+    them: a linear merge never loads either."""
+    if linear_kernels.handles(plan, device):
+        return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
+    from engine import ties_kernels
+
+    if ties_kernels.handles(plan, device):
+        return ties_kernels.TiesKernels(
+            plan, chunk_elements=chunk_elements, check_cancel=check_cancel
+        )
+    from engine.kernels import Kernels
+
+    return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
+
+
+def _queue_copy(
+    plan: Plan, tensor: TensorPlan, writer: OutputWriter, file: int, offset: int
+) -> None:
+    checkpoint = plan.checkpoints[tensor.terms[0].source]
+    info = checkpoint.tensors[tensor.name]
+    writer.put_copy(file, offset, checkpoint.fd(info.file), info.start, info.nbytes)
+
+
+def _write_computed(
+    plan: Plan,
+    tensor: TensorPlan,
+    writer: OutputWriter,
+    kernels: ChunkKernels,
+    file: int,
+    offset: int,
+    check_cancel: Callable[[], None],
+) -> None:
+    _advise_read_ahead(plan, tensor)
+    end = offset + tensor.nbytes
+    if tensor.nbytes == 0:
+        writer.put_bytes(file, offset, memoryview(b""), ends_tensor=True)
+    for data in kernels.output_bytes(tensor):
+        check_cancel()
+        writer.put_bytes(file, offset, data, ends_tensor=offset + len(data) == end)
+        offset += len(data)
+
+
+def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
+    """Ask the kernel to start reading this tensor's inputs while earlier work proceeds."""
+    sources = {t.source for t in tensor.terms}
+    if plan.ties is not None:
+        sources.add(plan.ties.base)
+    for source in sources:
+        checkpoint = plan.checkpoints[source]
+        info = checkpoint.tensors[tensor.name]
+        os.posix_fadvise(
+            checkpoint.fd(info.file), info.start, min(info.nbytes, READ_AHEAD),
+            os.POSIX_FADV_WILLNEED,
+        )  # fmt: skip

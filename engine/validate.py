@@ -1,0 +1,46 @@
+"""Cross-input checks: every input must be the same architecture with the same tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.checkpoint import Checkpoint
+from engine.errors import IncompatibleCheckpointsError, quoted
+from engine.plan import InputRef
+
+MAX_LISTED = 50
+_CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")
+
+
+def check_compatible(refs: Sequence[InputRef], checkpoints: Sequence[Checkpoint]) -> None:
+    """Raise IncompatibleCheckpointsError listing every mismatch by config key or tensor name."""
+    first, ref0 = checkpoints[0], refs[0]
+    problems: list[str] = []
+    for ref, ckpt in zip(refs[1:], checkpoints[1:], strict=True):
+        for key in _CONFIG_KEYS:
+            a, b = first.text_config.get(key), ckpt.text_config.get(key)
+            if a != b:
+                problems.append(f"config {key}: {ref0.label}={quoted(a)}, {ref.label}={quoted(b)}")
+        for name in sorted(first.tensors.keys() - ckpt.tensors.keys()):
+            problems.append(f"{name}: in {ref0.label}, missing from {ref.label}")
+        for name in sorted(ckpt.tensors.keys() - first.tensors.keys()):
+            problems.append(f"{name}: in {ref.label}, missing from {ref0.label}")
+        for name in sorted(first.tensors.keys() & ckpt.tensors.keys()):
+            a_info, b_info = first.tensors[name], ckpt.tensors[name]
+            if a_info.shape != b_info.shape:
+                problems.append(
+                    f"{name}: shape {list(a_info.shape)} in {ref0.label}, "
+                    f"{list(b_info.shape)} in {ref.label}"
+                )
+            elif a_info.dtype != b_info.dtype:
+                problems.append(
+                    f"{name}: dtype {a_info.dtype} in {ref0.label}, {b_info.dtype} in {ref.label}"
+                )
+    if problems:
+        shown = "; ".join(problems[:3])
+        if len(problems) > 3:
+            shown += f"; … ({len(problems)} in all)"
+        raise IncompatibleCheckpointsError(
+            f"inputs do not match: {shown}",
+            details={"mismatches": problems[:MAX_LISTED], "count": len(problems)},
+        )

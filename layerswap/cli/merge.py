@@ -1,0 +1,140 @@
+"""`layerswap merge`: the engine alone, on local directories (and Hub sources, fetched first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from core.hub.fetch import FetchedInputs, fetch_inputs
+from core.hub.pin import pin_recipe
+from core.hub.publish import publish
+from core.hub.refs import hub_sources
+from engine.errors import RecipeError
+from engine.merge import MergeOptions, MergeResult
+from engine.merge import merge as run_merge
+from engine.planner import make_plan, reject_unknown_source
+from engine.recipe import HubDestination, Recipe, parse_recipe
+from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
+
+
+def load_recipe_file(path: Path) -> Any:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RecipeError.for_field("recipe", f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:  # its str() spans several lines; the CLI promises one
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError.for_field(
+            "recipe", f"{path} is not valid YAML{where}: {problem}"
+        ) from None
+    return parse_recipe(data)
+
+
+def local_resolver(root: Path) -> Callable[[str], Path]:
+    """Recipe sources are directories, relative to the recipe file."""
+
+    def resolve(source: str) -> Path:
+        reject_unknown_source(source)
+        return (root / source).resolve()
+
+    return resolve
+
+
+@click.command()
+@click.argument("recipe_file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.option("--dry-run", is_flag=True, help="Print the per-layer plan and write nothing.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
+@click.option("--no-fsync", is_flag=True, help="Skip fsync before publishing (faster, less safe).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def merge(
+    recipe_file: Path,
+    out_dir: Path,
+    dry_run: bool,
+    device: str,
+    overwrite: bool,
+    no_fsync: bool,
+    quiet: bool,
+) -> None:
+    """Merge the checkpoints named in RECIPE_FILE (YAML) into --out."""
+    with engine_errors():
+        recipe = load_recipe_file(recipe_file)
+        if recipe.output.mlflow is not None:
+            raise click.UsageError(
+                "output.mlflow registers a merge made by the service (POST /v1/merges); "
+                "the local command does not"
+            )
+        local = local_resolver(recipe_file.parent)
+        recipe, fetched = _pin_and_fetch(recipe, local, headers_only=dry_run)
+        try:
+            resolve = fetched.resolver(local) if fetched else local
+            if dry_run:
+                plan = make_plan(recipe, resolve=resolve)
+                plan.close()
+                click.echo(plan.table())
+                return
+            options = MergeOptions(
+                device=device,
+                durable=not no_fsync,
+                overwrite=overwrite,
+                hash_cache=cache_dir() / "sha256",
+                known_digests=fetched.digests if fetched else {},
+            )
+            with progress_bar(disabled=quiet) as on_progress:
+                result = run_merge(
+                    recipe, out_dir, resolve=resolve, options=options, on_progress=on_progress
+                )
+        finally:
+            if fetched is not None:
+                fetched.close()
+        _report(result)
+        if recipe.output.hub is not None:
+            _publish(result, recipe.output.hub)
+
+
+def _pin_and_fetch(
+    recipe: Recipe, local: Callable[[str], Path], *, headers_only: bool
+) -> tuple[Recipe, FetchedInputs | None]:
+    """The recipe with its Hub sources pinned (a branch moving mid-run changes nothing) and
+    what was fetched of them; no Hub source: the recipe as it is, and None."""
+    if not hub_sources(recipe):
+        return recipe, None
+    recipe, pins = pin_recipe(recipe, hub_token(recipe.credential))
+    for pinned in pins:
+        click.echo(f"{pinned.repo}@{pinned.revision} -> commit {pinned.sha}", err=True)
+    fetched = fetch_inputs(
+        recipe,
+        cache_dir=cache_dir() / "hub",
+        token=hub_token(recipe.credential),
+        local=local,
+        headers_only=headers_only,
+    )
+    return recipe, fetched
+
+
+def _report(result: MergeResult) -> None:
+    for warning in result.manifest["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    size = sum((result.out_dir / name).stat().st_size for name in result.files)
+    click.echo(
+        f"merged into {result.out_dir} ({len(result.files)} files, {size / 1e9:.3f} GB) "
+        f"in {result.seconds:.1f} s; plan {result.plan_digest[:12]}"
+    )
+
+
+def _publish(result: MergeResult, dest: HubDestination) -> None:
+    published = publish(
+        result.out_dir,
+        dest,
+        token=hub_token(dest.credential),
+        job_id=f"cli-{result.plan_digest[:12]}",
+        digests=result.files,
+    )
+    click.echo(f"published to {published.url}")
