@@ -13,6 +13,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== import-linter (pyproject.toml: the direction of dependency)"
+.venv/bin/lint-imports
 echo "== docs"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 echo "== pytest"
