@@ -72,7 +72,7 @@ def job_ended(db: Database, settings: Settings, job_id: str) -> None:
 def _queue_event(db: Database, settings: Settings, job_id: str, event_type: str | None) -> None:
     try:
         made = _event(db, settings, job_id, event_type)
-    except Exception as e:  # the database is away, say: lineage is not worth failing a job for
+    except Exception as e:  # boundary: lineage never fails a job (the database is away, say)
         log.warning("job %s: OpenLineage event not made: %s", job_id, e)
         return
     if made is not None:
@@ -145,7 +145,7 @@ class _Sender:
                 self._sending = True
             try:
                 item.send()
-            except Exception as e:  # the backend is away or stuck: logged, never a job's fault
+            except Exception as e:  # boundary: the sender thread lives on; the backend is away, say
                 log.warning("job %s: OpenLineage %s event not sent: %s", item.job_id, item.state, e)
             finally:
                 with self._changed:
@@ -260,10 +260,11 @@ class FilesDatasetFacet(DatasetFacet):
 
 def _sources(job: Job) -> list[str]:
     from service.kinds import KINDS
+    from worker.engine.errors import RecipeError
 
     try:
         return list(dict.fromkeys(KINDS[job.kind].sources(job.request)))
-    except Exception:
+    except (KeyError, TypeError, RecipeError):  # a request this version no longer reads
         return []
 
 
