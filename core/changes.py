@@ -118,6 +118,6 @@ class Listener:
                     while not self._stop.is_set():
                         for note in connection.notifies(timeout=1.0):
                             CHANGES.changed(note.payload)
-            except Exception as e:  # PostgreSQL restarted, say: listen again shortly
+            except Exception as e:  # boundary: the listener thread lives on
                 log.warning("LISTEN %s lost (%s); reconnecting", CHANNEL, e)
                 self._stop.wait(1.0)

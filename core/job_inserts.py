@@ -24,6 +24,7 @@ from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Insert, Table, bindparam, insert, literal, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.db.models import Job, JobEvent
 from core.db.session import Database
@@ -137,7 +138,7 @@ class QueuedJobWriter:
             try:
                 with db.engine.begin() as connection:
                     connection.execute(JOB_WITH_EVENT, [w.row for w in batch])
-            except Exception:
+            except SQLAlchemyError:
                 pass  # each alone below, for its own answer
             else:
                 for waiting in batch:
@@ -150,7 +151,7 @@ class QueuedJobWriter:
                 ) as connection:
                     connection.execute(JOB_WITH_EVENT, waiting.row)
                 waiting.committed = True
-            except Exception as e:
+            except Exception as e:  # thread boundary: raised by that job's own submit
                 waiting.error = e
 
     def _insert_sqlite(self, db: Database, row: dict[str, Any]) -> None:

@@ -56,7 +56,7 @@ class Reconciler:
         while not self._stop.wait(self.settings.reconcile_interval_s):
             try:
                 self.run_once()
-            except Exception as e:  # the database is away, say: try again next round
+            except Exception as e:  # boundary: the reconciler thread lives on
                 log.warning("reconcile failed: %s", str(e).splitlines()[0] if str(e) else e)
 
     def run_once(self) -> Reconciled:
@@ -74,7 +74,7 @@ class Reconciler:
             return done
         try:
             waiting = self.executor.pending()
-        except Exception as e:
+        except Exception as e:  # boundary: whatever the executor's broker raises means "unknown"
             log.warning("executor unreachable (%s); queued jobs wait for it", e)
             done.executor_unreachable = True
             return done

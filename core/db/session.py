@@ -58,7 +58,7 @@ def _ping_if_idle(dialect: Dialect, connection: Any, record: Any, _proxy: Any) -
         return
     try:
         alive = dialect.do_ping(connection)
-    except Exception as e:
+    except dialect.loaded_dbapi.Error as e:  # what SQLAlchemy's own pre-ping catches
         raise DisconnectionError(f"pooled connection is dead: {e}") from e
     if not alive:
         raise DisconnectionError("pooled connection is dead")
@@ -80,7 +80,7 @@ class Database:
         try:
             yield session
             session.commit()
-        except BaseException:
+        except BaseException:  # cleanup and re-raise, cancellations and exits included
             session.rollback()
             raise
         finally:

@@ -45,7 +45,7 @@ class Bounded:
         def run() -> None:
             try:
                 outcome.value = fn()
-            except BaseException as e:  # handed to the caller, who raises it
+            except BaseException as e:  # thread boundary: handed to the caller, who raises it
                 outcome.error = e
             finally:
                 outcome.done.set()

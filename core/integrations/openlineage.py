@@ -31,6 +31,7 @@ from core.db.session import Database
 from core.integrations.bounded import Bounded
 from core.kinds import KINDS
 from core.settings import Settings
+from engine.errors import RecipeError
 
 log = logging.getLogger("layerswap.openlineage")
 PRODUCER = "https://github.com/layerswap/layerswap"
@@ -73,7 +74,7 @@ def job_ended(db: Database, settings: Settings, job_id: str) -> None:
 def _queue_event(db: Database, settings: Settings, job_id: str, event_type: str | None) -> None:
     try:
         made = _event(db, settings, job_id, event_type)
-    except Exception as e:  # the database is away, say: lineage is not worth failing a job for
+    except Exception as e:  # boundary: lineage never fails a job (the database is away, say)
         log.warning("job %s: OpenLineage event not made: %s", job_id, e)
         return
     if made is not None:
@@ -146,7 +147,7 @@ class _Sender:
                 self._sending = True
             try:
                 item.send()
-            except Exception as e:  # the backend is away or stuck: logged, never a job's fault
+            except Exception as e:  # boundary: the sender thread lives on; the backend is away, say
                 log.warning("job %s: OpenLineage %s event not sent: %s", item.job_id, item.state, e)
             finally:
                 with self._changed:
@@ -262,7 +263,7 @@ class FilesDatasetFacet(DatasetFacet):
 def _sources(job: Job) -> list[str]:
     try:
         return list(dict.fromkeys(KINDS[job.kind].sources(job.request)))
-    except Exception:
+    except (KeyError, TypeError, RecipeError):  # a request this version no longer reads
         return []
 
 

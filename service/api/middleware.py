@@ -135,7 +135,7 @@ class RequestGuard:
 
         try:
             await self.app(scope, counting_receive, guarded_send)
-        except Exception:
+        except Exception:  # boundary: past the limit, whatever the app raised becomes the 413
             if not exceeded:  # BodyTooLarge or what the app made of it; anything else is not ours
                 raise
         if exceeded and not started:

@@ -124,7 +124,7 @@ class BatchedRows:
                 del self._waiting[:BATCH_ROWS]
                 try:
                     rows = await to_thread.run_sync(self._read, {job_id for job_id, _ in batch})
-                except Exception as e:  # each request fails as a lone read would have
+                except Exception as e:  # boundary: each waiter gets it, as from a lone read
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(e)

@@ -197,7 +197,7 @@ class Deliverer:
             return []
         try:
             return await asyncio.to_thread(self._claim, busy, room)
-        except Exception as e:  # the database is away, say: next round
+        except Exception as e:  # boundary: the deliverer lives on; the database is away, say
             log.warning(
                 "webhook delivery round failed: %s", str(e).splitlines()[0] if str(e) else e
             )
@@ -257,7 +257,7 @@ class Deliverer:
             await asyncio.to_thread(
                 self._record, prepared.delivery, claim.attempt, outcome, seconds
             )
-        except Exception:
+        except Exception:  # boundary: one attempt's bug never ends the deliverer
             log.exception(
                 "webhook delivery %s: attempt %d failed unexpectedly", claim.delivery_id,
                 claim.attempt,
