@@ -4,6 +4,7 @@ scores: per artifact, and a merge's scores beside its inputs' with a paired nois
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,8 +228,6 @@ def scores_of_job(db: Database, job: Job) -> list[dict[str, Any]]:
 
 
 def _comparable(score: EvaluationScore) -> tuple[Any, ...]:
-    import json
-
     settings = json.dumps(score.settings, sort_keys=True)
     return (score.task, score.filter, score.metric, settings, score.backend, score.lm_eval_version)
 

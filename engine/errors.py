@@ -5,6 +5,7 @@ They are plain data (picklable), so they survive crossing a process or Celery bo
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 
@@ -97,6 +98,4 @@ class DiskFull(EngineError):
 
 def is_disk_full(error: BaseException) -> bool:
     """ENOSPC, or EDQUOT (a filesystem quota): both mean 'free space first'."""
-    import errno
-
     return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -9,6 +9,7 @@ per method. Experts are simulated as base + seeded gaussian noise scaled per lay
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -264,7 +265,6 @@ def make_eval_data(out_dir: Path, language: str = "sw", questions: int = 16) -> 
     """A few MGSM-format rows (made-up arithmetic, not MGSM itself) in the layout the shipped
     `mgsm_local_direct_<lang>` tasks read, so an evaluation can be tried without the dataset:
     <out_dir>/mgsm/<lang>/{train,test}.jsonl. Real data: scripts/export_mgsm.py."""
-    import json
 
     def row(i: int, with_answer: bool) -> dict[str, object]:
         a, b = 3 + i, 4 + 2 * i

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -26,8 +27,6 @@ class EvaluationSpec(BaseModel):
     @field_validator("tasks")
     @classmethod
     def _task_names(cls, tasks: list[str]) -> list[str]:
-        import re
-
         for name in tasks:
             if not re.fullmatch(TASK_NAME, name):
                 raise ValueError(f"{name!r} is not a task name (letters, digits, _ . -)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,6 @@ def require_lm_eval() -> None:
 
 
 def lm_eval_version() -> str:
-    from importlib.metadata import version
-
     return version("lm_eval")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,7 @@ def _run(
     try:
         with engine_errors():
             check_tasks(list(spec.tasks), tasks_dir, data)
-            return run_evaluation(
+            outcome = run_evaluation(
                 model_dir,
                 spec,
                 tasks_dir=tasks_dir,
@@ -106,10 +105,10 @@ def _run(
                 on_progress=progress,
             )
     except ServiceError as e:
-        click.echo(f"layerswap: error [{e.code}]: {e.message}", err=True)
-        sys.exit(1)
+        fail(e.code, e.message, 1)
     finally:
         bar.close()
+    return outcome
 
 
 def results_table(scores: list[Any]) -> str:
