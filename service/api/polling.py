@@ -23,7 +23,7 @@ from anyio import CapacityLimiter, to_thread
 from fastapi import Query, Request, Response
 
 from service import jobs
-from service.api.answers import Kept, answer, etag_of
+from service.api.answers import Kept, answer
 from service.api.deps import Context
 from service.changes import CHANGES
 from service.db.models import Job
@@ -119,7 +119,7 @@ def answer_for(
         return found
     job = job_of(processed(row, driver_processors(context.db.engine.dialect)))
     made = answer(view(job))
-    fresh = Kept(row, made, etag_of(made.version), job.status in jobs.TERMINAL)
+    fresh = Kept(row, made, job.status in jobs.TERMINAL)
     if reusable is not None and made.timeless and reusable(job):
         context.answers.put(job_id, fresh)
     return fresh
