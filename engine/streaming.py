@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine import linear_kernels
 from engine.errors import MergeCanceled
 from engine.plan import Plan, TensorPlan
 from engine.progress import CancelCheck, Progress, ProgressCallback
@@ -157,7 +156,12 @@ def _kernels(
 ) -> ChunkKernels:
     """numpy for linear plans on the CPU, numba for TIES on the CPU; torch (seconds to import,
     while the copies run) for the rest. numba and torch are imported here, when a plan needs
-    them: a linear merge never loads either."""
+    them: a linear merge never loads either. numpy too is imported here, by the first computed
+    tensor: its BLAS thread pool starts with it, so a process that plans, copies or serves the
+    API never starts one, and `layerswap worker --nice` lowers the priority of the process
+    before any of its threads exists."""
+    from engine import linear_kernels
+
     if linear_kernels.handles(plan, device):
         return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
     from engine import ties_kernels
