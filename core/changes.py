@@ -53,6 +53,11 @@ class Changes:
             if not waiting:
                 del self._waiters[job_id]
 
+    def waiting(self, job_id: str) -> int:
+        """How many wait for the job's next change now."""
+        with self._lock:
+            return len(self._waiters.get(job_id, ()))
+
     def changed(self, job_id: str) -> None:
         with self._lock:
             waiting = self._waiters.pop(job_id, {})

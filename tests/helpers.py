@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+T = TypeVar("T")
 
 
 def stringify(value: Any) -> Any:
@@ -34,3 +38,22 @@ def leftovers(out: Path) -> list[str]:
 def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(stringify(recipe), sort_keys=False), encoding="utf-8")
     return path
+
+
+def wait_for(
+    condition: Callable[[], T],
+    what: str | Callable[[], str],
+    timeout: float = 60.0,
+    *,
+    interval: float = 0.02,
+) -> T:
+    """`condition()`'s first truthy value, asked every `interval` s: a poll, for a state no event
+    announces (another process's, a server's, a row's). Fails the test at the deadline with an
+    AssertionError naming `what` (a callable is asked then, to describe the last state seen)."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() >= deadline:
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {described}")
+        time.sleep(interval)
+    return found

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+from tests.helpers import wait_for
+
 Mode = Literal["silent", "drip"]
 BODY_BYTES = 1_000_000  # announced by a dripped answer: it would take days to send
 
@@ -70,11 +72,7 @@ class StuckServer:
 
     def wait_for(self, condition: Callable[[StuckServer], Any], what: str, timeout: float) -> Any:
         """`condition(self)`'s first truthy value, polled; fails the test at the deadline."""
-        deadline = time.monotonic() + timeout
-        while not (found := condition(self)):
-            assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-            time.sleep(0.02)
-        return found
+        return wait_for(lambda: condition(self), what, timeout)
 
     def _accept(self) -> None:
         while not self._stop.is_set():

@@ -49,16 +49,7 @@ def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
         # job hostage that an idle worker could start now.
         worker_prefetch_multiplier=1,
         task_reject_on_worker_lost=True,
-        broker_transport_options={
-            "visibility_timeout": VISIBILITY_TIMEOUT_S,
-            # A submit must not hang on a dead broker: the job is in the database already,
-            # and the reconciler dispatches it when Redis is back.
-            "socket_connect_timeout": 2,
-            "socket_timeout": 10,
-            # A publish whose answer timed out is not sent again: whether it arrived is
-            # unknown either way, and a lost or doubled delivery is harmless (reconciler, claim).
-            "retry_on_timeout": not publisher,
-        },
+        broker_transport_options=_transport_options(publisher=publisher),
         # Job state lives in the database: no result backend, nothing to expire or clean.
         task_ignore_result=True,
         task_serializer="json",
@@ -80,6 +71,21 @@ def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
         worker_enable_remote_control=False,
     )
     return app
+
+
+def _transport_options(*, publisher: bool) -> dict[str, Any]:
+    """Redis's: the redelivery backstop, short socket timeouts, and (a publisher's) no retry of
+    a command that timed out."""
+    return {
+        "visibility_timeout": VISIBILITY_TIMEOUT_S,
+        # A submit must not hang on a dead broker: the job is in the database already,
+        # and the reconciler dispatches it when Redis is back.
+        "socket_connect_timeout": 2,
+        "socket_timeout": 10,
+        # A publish whose answer timed out is not sent again: whether it arrived is
+        # unknown either way, and a lost or doubled delivery is harmless (reconciler, claim).
+        "retry_on_timeout": not publisher,
+    }
 
 
 def register_task(app: Celery, settings: Settings) -> None:

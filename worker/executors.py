@@ -9,6 +9,8 @@ import threading
 import uuid
 from datetime import timedelta
 
+from kombu.exceptions import OperationalError
+
 from core import jobs
 from core.db.models import utcnow
 from core.db.session import Database
@@ -68,7 +70,7 @@ class LocalExecutor:
             self._current = job_id
             try:
                 run_job(job_id, db=self.db, settings=self.settings)
-            except Exception:  # the database went away mid-job, say: keep serving
+            except Exception:  # the job thread's loop (the database went away, say): keep serving
                 log.exception("job %s could not be run", job_id)
             finally:
                 self._current = None
@@ -97,12 +99,19 @@ class CeleryExecutor:
         self._outbox.put((job_id, kind))
 
     def broker_reachable(self) -> bool:
-        try:
-            with self.app.connection_for_read() as connection:
+        """Whether a connection to the broker opens (one retry, 2 s at most): the readiness
+        probe's answer. kombu raises its OperationalError for what it retried; the rest of the
+        transport's connection errors are caught too."""
+        with self.app.connection_for_read() as connection:
+            unreachable: tuple[type[BaseException], ...] = (
+                OperationalError,
+                *connection.connection_errors,
+            )
+            try:
                 connection.ensure_connection(max_retries=1, timeout=2)
-            return True
-        except Exception:
-            return False
+            except unreachable:
+                return False
+        return True
 
     def pending(self) -> set[str]:
         with self._outbox.mutex:
@@ -111,40 +120,48 @@ class CeleryExecutor:
 
     def _publish_loop(self) -> None:
         while (first := self._outbox.get()) is not None:
-            # Every message waiting now goes out in one batch: one Redis pipeline (one round
-            # trip, one client) instead of a client, a connection checkout and a round trip
-            # each, which was most of a submit's publishing cost under load.
-            batch, stopping = [first], False
-            while len(batch) < PUBLISH_BATCH:
-                try:
-                    item = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-            try:
-                with self.app.producer_or_acquire() as producer, producer.batch():
-                    for job_id, kind in batch:
-                        self.app.send_task(
-                            TASK_NAME,
-                            args=[job_id],
-                            queue=queue_for(kind),
-                            task_id=f"{job_id}.{uuid.uuid4().hex[:8]}",
-                            retry=False,
-                            producer=producer,
-                        )
-            except Exception as e:  # kombu/redis connection errors, whatever the transport
-                # Whether any of the batch reached Redis is unknown: each job is still queued
-                # in the database, and a duplicate delivery does nothing (the claim).
-                log.warning(
-                    "%d job(s) (%s): broker unreachable (%s); they stay queued and are re-sent "
-                    "by the reconciler",
-                    len(batch),
-                    ", ".join(job_id for job_id, _ in batch[:5])
-                    + (", ..." if len(batch) > 5 else ""),
-                    str(e).splitlines()[0] if str(e) else type(e).__name__,
-                )
+            batch, stopping = self._take_batch(first)
+            self._send(batch)
             if stopping:
                 return
+
+    def _take_batch(self, first: tuple[str, str]) -> tuple[list[tuple[str, str]], bool]:
+        """`first` and every message waiting now (up to PUBLISH_BATCH), and whether the stop
+        sentinel was among them. One batch is one Redis pipeline (one round trip, one client)
+        instead of a client, a connection checkout and a round trip each, which was most of a
+        submit's publishing cost under load."""
+        batch = [first]
+        while len(batch) < PUBLISH_BATCH:
+            try:
+                item = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _send(self, batch: list[tuple[str, str]]) -> None:
+        try:
+            with self.app.producer_or_acquire() as producer, producer.batch():
+                for job_id, kind in batch:
+                    self.app.send_task(
+                        TASK_NAME,
+                        args=[job_id],
+                        queue=queue_for(kind),
+                        task_id=f"{job_id}.{uuid.uuid4().hex[:8]}",
+                        retry=False,
+                        producer=producer,
+                    )
+        # The publishing thread's boundary: with retry=False the transport's own errors (kombu's,
+        # redis', a socket's) arrive unwrapped, and none may stop the thread.
+        except Exception as e:
+            # Whether any of the batch reached Redis is unknown: each job is still queued
+            # in the database, and a duplicate delivery does nothing (the claim).
+            log.warning(
+                "%d job(s) (%s): broker unreachable (%s); they stay queued and are re-sent "
+                "by the reconciler",
+                len(batch),
+                ", ".join(job_id for job_id, _ in batch[:5]) + (", ..." if len(batch) > 5 else ""),
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+            )

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 
 from tests.distributed.conftest import free_port
 from tests.docs.reference_hook import ROOT
+from tests.helpers import wait_for
 
 SERVICE = "http://127.0.0.1:8000"
 BLOCK = re.compile(r"(?P<before>[^\n]*)\n```bash\n(?P<body>.*?)\n```", re.DOTALL)
@@ -90,11 +90,12 @@ def server(examples: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while not _up(url):
+
+        def up() -> bool:
             assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.1)
+            return _up(url)
+
+        wait_for(up, "the service to start", 120, interval=0.1)
         yield Server(url, port, env)
     finally:
         process.send_signal(signal.SIGTERM)

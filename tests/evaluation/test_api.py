@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from tests.evaluation.conftest import (
     normalise,
     reference_answer,
 )
+from tests.helpers import wait_for
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import metric
 
@@ -262,14 +262,13 @@ def test_a_running_evaluation_is_canceled_between_batches(
         job = service.client.post(
             "/v1/evaluations", json={"source": "math", "evaluation": EVALUATION}
         ).json()
-        deadline = time.monotonic() + 120
-        while True:
-            seen = service.client.get(f"/v1/evaluations/{job['id']}").json()
+
+        def evaluating() -> dict[str, Any] | None:
+            seen = dict(service.client.get(f"/v1/evaluations/{job['id']}").json())
             assert seen["status"] in ("queued", "running"), seen
-            if seen["stage"] == "evaluating" and seen["progress"]["done"] > 0:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+            return seen if seen["stage"] == "evaluating" and seen["progress"]["done"] > 0 else None
+
+        seen = wait_for(evaluating, "the evaluation to be caught evaluating", 120)
         assert seen["progress"]["total"] == many
         canceled = service.client.post(f"/v1/evaluations/{job['id']}/cancel")
         assert canceled.status_code == 202

@@ -966,6 +966,7 @@ class _HubApp:
         if (hold := self._faults.take_hold()) is not None:
             call.fault = "hold"
             hold.reached.set()
+            # Held until the test releases it: a thread's Event, polled so the loop serves others.
             while not hold.released.is_set():
                 await asyncio.sleep(0.02)
             return _Dropped()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from core.jobs import Executor
 from core.settings import Settings
 from layerswap.app import build_app
 from service.app import create_app
+from tests.helpers import wait_for
 
 POSTGRES_ADMIN = os.environ.get(
     "LAYERSWAP_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -76,13 +76,16 @@ class Service:
 
     def wait(self, job_id: str, *, kind: str = "merges", timeout: float = 120.0) -> dict[str, Any]:
         """Poll until the job is finished (fails the test at the deadline)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.client.get(f"/v1/{kind}/{job_id}").json()
-            if job["status"] in TERMINAL:
-                return dict(job)
-            assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
-            time.sleep(0.05)
+        seen: list[dict[str, Any]] = []
+
+        def ended() -> dict[str, Any] | None:
+            seen[:] = [dict(self.client.get(f"/v1/{kind}/{job_id}").json())]
+            return seen[0] if seen[0]["status"] in TERMINAL else None
+
+        def still() -> str:
+            return f"job {job_id} to end (still {seen[0]['status']})"
+
+        return wait_for(ended, still, timeout, interval=0.05)
 
 
 def make_settings(root: Path, url: str, **overrides: Any) -> Settings:

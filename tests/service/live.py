@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from core.jobs import Executor
 from core.settings import Settings
 from layerswap.app import build_app
 from service.app import create_app
+from tests.helpers import wait_for
 from tests.service.conftest import make_settings
 
 
@@ -62,11 +62,12 @@ def serving(app: FastAPI) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
+
+        def started() -> bool:
             assert thread.is_alive(), "uvicorn exited while starting"
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
+            return bool(server.started)
+
+        wait_for(started, "uvicorn to start", 30, interval=0.01)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from sqlalchemy import update
 
 from core.db.models import Job
 from core.db.session import Database
+from tests.helpers import wait_for
 from tests.service.conftest import TERMINAL, Service, layer_swap, make_settings, running_service
 from worker.executors import LocalExecutor
 
@@ -79,15 +79,21 @@ def soup(*models: str, **top: Any) -> dict[str, Any]:
 
 
 def poll(service: Service, job_id: str, until: Any, *, timeout: float = 60.0) -> dict[str, Any]:
-    """GET the job until `until(job)` holds; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = dict(service.client.get(f"/v1/merges/{job_id}").json())
+    """GET the job until `until(job)` holds; fail at the deadline, or when the job ends first."""
+    seen: list[dict[str, Any]] = []
+
+    def met() -> dict[str, Any] | None:
+        seen[:] = [dict(service.client.get(f"/v1/merges/{job_id}").json())]
+        job = seen[0]
         if until(job):
             return job
         assert job["status"] not in TERMINAL, f"job {job_id} ended {job['status']}: {job}"
-        assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
-        time.sleep(0.01)
+        return None
+
+    def still() -> str:
+        return f"job {job_id} (still {seen[0]['status']})"
+
+    return wait_for(met, still, timeout, interval=0.01)
 
 
 def events_of(service: Service, job_id: str, **params: Any) -> list[dict[str, Any]]:

@@ -3,15 +3,14 @@ tenant holds at most N streams at once in one API process, a slot freeing when a
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from service.auth import create_key
+from tests.helpers import wait_for
 from tests.service.conftest import layer_swap
 from tests.service.live import Live, live_service
 from tests.service.test_api_lifecycle import HeldExecutor
@@ -59,7 +58,7 @@ def test_a_stream_ends_by_itself_after_its_lifetime(
         job = httpx.get(f"{live.url}/v1/merges/{job_id}", timeout=30).json()
         assert job["status"] == "queued"  # it ended by its lifetime, not with the job
         slots = live.app.state.context.streams
-        wait_until(lambda: slots.held("default") == 0, "an ended stream kept its slot")
+        wait_for(lambda: slots.held("default") == 0, "the ended stream's slot to be freed", 30)
 
 
 def open_stream(stack: ExitStack, live: Live, job_id: str, key: str) -> httpx.Response:
@@ -67,13 +66,6 @@ def open_stream(stack: ExitStack, live: Live, job_id: str, key: str) -> httpx.Re
     headers = {**SSE, "Authorization": f"Bearer {key}"}
     request = client.build_request("GET", f"{live.url}/v1/merges/{job_id}/events", headers=headers)
     return client.send(request, stream=True)
-
-
-def wait_until(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def test_a_tenant_holds_at_most_n_streams(tmp_path: Path, sqlite_url: str, examples: Path) -> None:
@@ -101,9 +93,9 @@ def test_a_tenant_holds_at_most_n_streams(tmp_path: Path, sqlite_url: str, examp
         assert other.status_code == 200
 
         first.close()  # the client hangs up: its slot comes back
-        wait_until(lambda: slots.held("team-a") == 1, "the closed stream's slot was not freed")
+        wait_for(lambda: slots.held("team-a") == 1, "the closed stream's slot to be freed", 30)
         again = open_stream(stack, live, job_a, key_a)
         assert again.status_code == 200
         for response in (second, other, again):
             response.close()
-        wait_until(lambda: slots.held("team-a") == slots.held("team-b") == 0, "slots leaked")
+        wait_for(lambda: slots.held("team-a") == slots.held("team-b") == 0, "every slot freed", 30)

@@ -7,7 +7,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from core import jobs
 from core.db.models import Job
 from core.settings import Settings
 from service.auth import create_key
+from tests.helpers import wait_for
 from tests.service.conftest import TERMINAL, Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 from worker.pipeline import run_job
@@ -39,15 +39,18 @@ def bearer(key: str) -> dict[str, str]:
 
 def wait_as(service: Service, key: str, job_id: str, kind: str = "merges") -> dict[str, Any]:
     """Service.wait with an API key: poll until the job is finished, up to a deadline."""
-    deadline = time.monotonic() + 120
-    while True:
+    seen: list[dict[str, Any]] = []
+
+    def ended() -> dict[str, Any] | None:
         response = service.client.get(f"/v1/{kind}/{job_id}", headers=bearer(key))
         assert response.status_code == 200, response.text
-        job = dict(response.json())
-        if job["status"] in TERMINAL:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
-        time.sleep(0.05)
+        seen[:] = [dict(response.json())]
+        return seen[0] if seen[0]["status"] in TERMINAL else None
+
+    def still() -> str:
+        return f"job {job_id} to end (still {seen[0]['status']})"
+
+    return wait_for(ended, still, 120, interval=0.05)
 
 
 def on_disk(service: Service, location: str) -> Path:

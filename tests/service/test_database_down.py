@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.helpers import wait_for
 from tests.service.conftest import Service, layer_swap, running_service
 
 
@@ -154,12 +154,14 @@ def test_database_outage_is_503_then_recovers(
 
 
 def assert_recovers(service: Service, timeout: float = 30.0) -> None:
-    """Poll until the pool has reconnected (fails the test at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Poll until the pool has reconnected (fails the test at the deadline); until then every
+    answer is the outage's."""
+
+    def recovered() -> bool:
         response = service.client.get("/v1/merges")
         if response.status_code == 200:
-            return
+            return True
         assert_unavailable(response)
-        assert time.monotonic() < deadline, "the service did not recover from the outage"
-        time.sleep(0.1)
+        return False
+
+    wait_for(recovered, "the service to recover from the outage", timeout, interval=0.1)

@@ -12,7 +12,6 @@ Hypothesis tests are built per operation here.)
 from __future__ import annotations
 
 import shutil
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from core.db.migrate import upgrade
 from layerswap.app import build_app
+from tests.helpers import wait_for
 from tests.service.conftest import make_settings
 
 MAX_EXAMPLES = 30
@@ -49,10 +49,7 @@ def api_schema(tmp_path: Path, database_url: str, examples: Path) -> Iterator[Op
         yield schema
         # Let the executor finish the jobs the fuzzing queued before the store goes away.
         executor = app.state.context.executor
-        deadline = time.monotonic() + 120
-        while not executor.idle():
-            assert time.monotonic() < deadline, "fuzzed jobs still running"
-            time.sleep(0.05)
+        wait_for(executor.idle, "the fuzzed jobs to finish", 120, interval=0.05)
     finally:
         shutdown_lifespans()  # stops the executor and disposes of the engine
 

@@ -4,8 +4,6 @@ while a batch is out go in together, and a failing job in a batch fails only its
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -15,15 +13,8 @@ from core import job_inserts, jobs
 from core.db.models import Job, JobEvent
 from core.db.session import Database
 from core.settings import Settings
+from tests.helpers import wait_for
 from tests.service.conftest import TENANT, layer_swap
-
-
-def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_jobs_arriving_during_a_write_go_in_one_batch_and_a_failing_one_fails_alone(
@@ -46,13 +37,15 @@ def test_jobs_arriving_during_a_write_go_in_one_batch_and_a_failing_one_fails_al
     with ThreadPoolExecutor(4) as pool, db.engine.connect() as holder:
         holder.execute(text("LOCK TABLE jobs IN SHARE MODE"))  # INSERTs wait for it
         first = submit(None)  # leads: its lone insert waits on the lock
-        until(lambda: holder.scalar(text(
+        wait_for(lambda: holder.scalar(text(
             "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE c.relname = 'jobs' AND NOT l.granted")) == 1, "the first insert to wait",
+            "WHERE c.relname = 'jobs' AND NOT l.granted")) == 1, "the first insert to wait", 30,
+            interval=0.01,
         )  # fmt: skip
         retry_a, retry_b = submit("same-key"), submit("same-key")  # the same request twice
         other = submit("other-key", bottom=2)
-        until(lambda: writer.waiting() == 3, "three jobs to queue behind the first")
+        queued = "three jobs to queue behind the first"
+        wait_for(lambda: writer.waiting() == 3, queued, 30, interval=0.01)
         holder.commit()  # lets the first insert through
         results = [f.result(timeout=30) for f in (first, retry_a, retry_b, other)]
 

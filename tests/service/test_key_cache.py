@@ -134,7 +134,7 @@ def test_concurrent_requests_share_one_lookup() -> None:
 
         cache = KeyCache(lookup, clock=Clock())
         waiting = [asyncio.ensure_future(cache.tenant("Bearer lsk_k")) for _ in range(50)]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop, no time: each task runs to its first await
         release.set()
         return list(await asyncio.gather(*waiting)), len(calls)
 
@@ -157,7 +157,7 @@ def test_a_lookup_older_than_the_bound_is_not_shared_and_refusals_are_not_kept()
 
         cache = KeyCache(lookup, clock=clock)
         first = asyncio.ensure_future(cache.tenant("Bearer lsk_k"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: the lookup has begun
         clock.now += KEY_CACHE_S
         second = asyncio.ensure_future(cache.tenant("Bearer lsk_k"))
         await asyncio.sleep(0)

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from core.changes import CHANGES
 from core.job_rows import ID
+from tests.helpers import wait_for
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor
 
@@ -68,7 +70,7 @@ def test_a_long_poll_returns_when_the_job_changes(held: Service) -> None:
 
     poller = threading.Thread(target=poll)
     poller.start()
-    time.sleep(0.5)  # let it wait (if it has not yet, it reads the change at once instead)
+    wait_for(lambda: CHANGES.waiting(job["id"]), "the long poll to wait for a change", 30)
     canceled_at = time.monotonic()
     assert held.client.post(f"/v1/merges/{job['id']}/cancel").status_code == 202
     poller.join(timeout=30)
@@ -92,7 +94,7 @@ def test_a_change_made_by_another_process_wakes_the_poll(held: Service) -> None:
 
     poller = threading.Thread(target=poll)
     poller.start()
-    time.sleep(0.5)
+    wait_for(lambda: CHANGES.waiting(job["id"]), "the long poll to wait for a change", 30)
     script = (
         "import time; from core import jobs; from core.db.session import Database\n"
         f"jobs.request_cancel(Database({held.settings.database!r}), tenant='default', "
@@ -164,11 +166,21 @@ def test_a_merge_with_an_evaluation_is_read_anew_each_time(service: Service) -> 
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_a_read_waits_on_a_thread_while_sqlite_is_locked(service: Service) -> None:
+def test_a_read_waits_on_a_thread_while_sqlite_is_locked(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The event loop reads SQLite without waiting; when the database is locked, the read is
     made on a thread, which waits for the lock (and the loop serves others meanwhile)."""
     job = service.wait(service.submit(layer_swap())["id"])
     context = service.client.app.state.context  # type: ignore[attr-defined]
+    on_thread = threading.Event()
+    read_waiting = context.rows._read_waiting
+
+    def announced(job_id: str) -> Any:
+        on_thread.set()
+        return read_waiting(job_id)
+
+    monkeypatch.setattr(context.rows, "_read_waiting", announced)
     # Exclusive locking in WAL mode: no other connection may be open when it is taken (the
     # app's reopen as they are next used), and no one reads until the holder closes.
     context.rows.dispose()
@@ -188,7 +200,7 @@ def test_a_read_waits_on_a_thread_while_sqlite_is_locked(service: Service) -> No
         began = time.monotonic()
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(service.client.get, f"/v1/merges/{job['id']}")
-            time.sleep(0.3)  # the read is waiting for the lock by now (or is about to)
+            assert on_thread.wait(30), "the locked read never went to a thread"
             asked = time.monotonic()
             assert service.client.get("/healthz").status_code == 200
             health_s = time.monotonic() - asked

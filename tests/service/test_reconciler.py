@@ -16,6 +16,7 @@ from core.settings import Settings
 from engine.digests import file_sha256
 from engine.progress import Progress
 from service.reconciler import Reconciler, requeue_stale
+from tests.helpers import wait_for
 from tests.service.test_store import (
     TENANT,
     copy_examples,
@@ -153,10 +154,7 @@ def test_a_superseded_attempt_can_write_nothing(
     assert jobs.FAILED not in event_types(db, job_id)
 
     with stale:  # its heartbeat finds the job gone and says so
-        for _ in range(200):
-            if stale.lost:
-                break
-            threading.Event().wait(0.05)
+        wait_for(lambda: stale.lost, "the stale lease to find its job gone", 10)
     assert stale.lost and stale.should_cancel()
 
 
@@ -263,10 +261,10 @@ def test_heartbeats_come_from_their_own_thread(
     jobs.claim(db, job_id)
     silent_for(db, job_id, 3600)
     with JobLease(db, job_id, 1, settings):
-        for _ in range(200):
-            row = job_row(db, job_id)
-            beat = as_utc(row.heartbeat_at)
-            if beat is not None and (utcnow() - beat).total_seconds() < 60:
-                break
-            threading.Event().wait(0.05)
+
+        def beaten() -> bool:
+            beat = as_utc(job_row(db, job_id).heartbeat_at)
+            return beat is not None and (utcnow() - beat).total_seconds() < 60
+
+        wait_for(beaten, "a heartbeat from the lease's thread", 10, interval=0.05)
     assert requeue_stale(db, settings.stale_after_s) == []

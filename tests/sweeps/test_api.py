@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
+from tests.helpers import wait_for
 from tests.service.conftest import Service, running_service
 from tests.sweeps.test_expand import BOMB, fitting_by_hand
 from worker.examples import MATH_SCALE, SWH_SCALE, make_checkpoint
@@ -63,13 +63,16 @@ def submit(service: Service, body: dict[str, Any], **headers: str) -> dict[str, 
 
 
 def wait(service: Service, sweep_id: str, timeout: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        sweep = service.client.get(f"/v1/sweeps/{sweep_id}").json()
-        if sweep["status"] in ("succeeded", "failed", "canceled"):
-            return dict(sweep)
-        assert time.monotonic() < deadline, sweep["progress"]
-        time.sleep(0.2)
+    seen: list[dict[str, Any]] = []
+
+    def ended() -> dict[str, Any] | None:
+        seen[:] = [dict(service.client.get(f"/v1/sweeps/{sweep_id}").json())]
+        return seen[0] if seen[0]["status"] in ("succeeded", "failed", "canceled") else None
+
+    def progress() -> str:
+        return f"sweep {sweep_id} to end (progress {seen[0]['progress']})"
+
+    return wait_for(ended, progress, timeout, interval=0.2)
 
 
 def objective_of(service: Service, evaluation_id: str) -> float:

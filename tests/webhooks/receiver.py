@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from tests.helpers import wait_for  # also imported from here by tests of other packages
 
 
 @dataclass
@@ -112,12 +113,3 @@ class Receiver:
 
     def wait_for(self, condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
         return wait_for(condition, what, timeout)
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    """`condition()`'s first truthy value, polled; fails the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        time.sleep(0.05)
-    return found
