@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.checkpoint import Checkpoint, layer_index
+from engine.architectures import LayerStack
+from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import BUILDERS, Inputs, MethodPlan
@@ -63,18 +64,23 @@ def _assemble(
     primary = checkpoints[method.config_input]
     order = sorted(primary.tensors.values(), key=lambda t: (str(t.file), t.start))
     warnings: list[str] = []
-    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings) for info in order)
+    # Methods that need layers required the stack already; for the others it only labels the
+    # provenance rows, and a checkpoint without one is merged all the same.
+    found = primary.layer_stack
+    stack = found if isinstance(found, LayerStack) else None
+    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings, stack) for info in order)
     plan = Plan(
         method=recipe.method,
         inputs=tuple(refs),
         tensors=tensors,
         shards=_shards(tensors, recipe.output.shard_bytes),
-        num_layers=primary.num_layers,
+        num_layers=stack.count if stack else None,
         config_input=method.config_input,
         tokenizer_input=method.tokenizer_input,
         ties=method.ties,
         resolved_weights=method.resolved_weights,
         warnings=warnings,
+        layer_stack=found,
     )
     if isinstance(recipe, SoupRecipe | LayerSwapRecipe) and recipe.base is not None:
         used = {t.source for p in tensors for t in p.terms}
@@ -91,10 +97,15 @@ def _needs_magnitude(recipe: Recipe) -> bool:
 
 
 def _tensor(
-    recipe: Recipe, name: str, primary: Checkpoint, method: MethodPlan, warnings: list[str]
+    recipe: Recipe,
+    name: str,
+    primary: Checkpoint,
+    method: MethodPlan,
+    warnings: list[str],
+    stack: LayerStack | None,
 ) -> TensorPlan:
     info = primary.tensors[name]
-    layer = layer_index(name)
+    layer = stack.layer_of(name) if stack else None
     op, terms, origin = method.rule(name, layer)
     terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
     if info.dtype not in FLOAT_DTYPES:

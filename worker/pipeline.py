@@ -31,6 +31,7 @@ from core.lineage import InputLink, content_digest, get_or_create_artifact, link
 from core.quota import space_reserver
 from core.settings import Settings
 from core.webhooks.outbox import artifact_published
+from engine.architectures import configured_layer_count
 from engine.errors import (
     DiskFull,
     EngineError,
@@ -184,7 +185,7 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
                 location=out_dir,
                 files=result.files,
                 architecture=config.get("model_type"),
-                num_layers=config.get("num_hidden_layers"),
+                num_layers=configured_layer_count(config),
                 size_bytes=stored_size(out_dir, result.files),
             )
             if published and published not in (output.published or []):
@@ -291,7 +292,7 @@ def _input_links(
             location=location,
             files=entry["files"],
             architecture=config.get("model_type"),
-            num_layers=config.get("num_hidden_layers"),
+            num_layers=configured_layer_count(config),
         )
         links.append(InputLink(artifact, entry["role"], entry["label"], _weight(entry, weights)))
     return links
