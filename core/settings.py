@@ -25,22 +25,32 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(Path("data"), description="SQLite file, artifacts and caches")
     database_url: str | None = Field(None, description="default: sqlite:///<data_dir>/layerswap.db")
-    executor: Literal["local", "celery"] = "local"
+    executor: Literal["local", "celery"] = Field(
+        "local",
+        description="where jobs run: local (threads of the API process, one job at a time) or "
+        "celery (worker processes fed through the broker)",
+    )
     allowed_roots: list[Path] = Field(
         default_factory=list,
         description="local sources must lie under one of these (default: <data_dir>/checkpoints "
         "and the artifacts directory)",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="address `layerswap serve` listens on")
+    port: int = Field(8000, ge=1, le=65535, description="port `layerswap serve` listens on")
     auth: bool = Field(False, description="require API keys (mandatory off loopback)")
-    default_tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    default_tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="the tenant that owns every job while auth is off",
+    )
     metrics_token: SecretStr | None = Field(
         None,
         description="with auth on, the bearer token /metrics requires (the operator's scraper; "
         "no tenant's API key reads every tenant's counts); at least 32 characters",
     )
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(
+        3, ge=1, description="starts a job gets: once this many were lost (dead workers), it fails"
+    )
     progress_interval_s: float = Field(0.5, gt=0, description="least time between progress writes")
     merge_device: str = Field(
         "cpu", pattern=r"^(cpu|cuda|cuda:[0-9]+)$", description="where a worker's arithmetic runs"
@@ -155,7 +165,9 @@ class Settings(BaseSettings):
         description="send OpenLineage run events to this backend (http transport, "
         "/api/v1/lineage); unset: the client's own OPENLINEAGE_URL / OPENLINEAGE_CONFIG, if any",
     )
-    openlineage_namespace: str = Field("layerswap", min_length=1, max_length=200)
+    openlineage_namespace: str = Field(
+        "layerswap", min_length=1, max_length=200, description="the namespace of OpenLineage jobs"
+    )
     mlflow_tracking_uri: str | None = Field(
         None,
         pattern=r"^(https?|databricks)",

@@ -121,6 +121,28 @@ class Kernels:
         0/1 is exact; the last `+ 0.0` turns a -0.0 sum into +0.0, as masking did."""
         settings = self._ties_settings()
         base = self._read(settings.base, tensor.name, start, count)
+        positive, negative, up, down = self._signed_sums(
+            tensor, selections, ties_left, base, start, count
+        )
+        # 1.0 where the sum is >= 0 (its sign is 0 or 1), else 0.0
+        elected_up = torch.add(positive, negative).sign_().add_(1.0).clamp_max_(1.0)
+        elected_down = torch.sub(1.0, elected_up)
+        mixed = positive.mul_(elected_up).add_(negative.mul_(elected_down))
+        if settings.normalize:
+            divisor = up.mul_(elected_up).add_(down.mul_(elected_down))
+            divisor.add_(torch.sign(divisor).abs_().sub_(1.0).neg_())  # 0 -> 1
+            mixed.div_(divisor)
+        if settings.lambda_ != 1.0:
+            mixed.mul_(settings.lambda_)
+        return base.add_(mixed.add_(0.0))
+
+    def _signed_sums(
+        self, tensor: TensorPlan, selections: list[TopK | None], ties_left: list[int],
+        base: torch.Tensor, start: int, count: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Over the trimmed, weighted deltas from `base`: the sum of their positive parts, of
+        their negative parts, and of the coefficients of the positive and of the negative ones
+        (each input read once)."""
         positive = negative = up = down = base  # assigned by the first term
         for i, (term, top) in enumerate(zip(tensor.terms, selections, strict=True)):
             c = term.coefficient
@@ -139,14 +161,4 @@ class Kernels:
                 sign = delta.sign_()
                 up.add_(sign.clamp_min(0.0), alpha=c)
                 down.sub_(sign.clamp_max_(0.0), alpha=c)
-        # 1.0 where the sum is >= 0 (its sign is 0 or 1), else 0.0
-        elected_up = torch.add(positive, negative).sign_().add_(1.0).clamp_max_(1.0)
-        elected_down = torch.sub(1.0, elected_up)
-        mixed = positive.mul_(elected_up).add_(negative.mul_(elected_down))
-        if settings.normalize:
-            divisor = up.mul_(elected_up).add_(down.mul_(elected_down))
-            divisor.add_(torch.sign(divisor).abs_().sub_(1.0).neg_())  # 0 -> 1
-            mixed.div_(divisor)
-        if settings.lambda_ != 1.0:
-            mixed.mul_(settings.lambda_)
-        return base.add_(mixed.add_(0.0))
+        return positive, negative, up, down

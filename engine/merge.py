@@ -111,14 +111,7 @@ def execute(
     needed = planned_output_bytes(plan)
     if options.reserve_space is not None:
         options.reserve_space(needed)  # e.g. a tenant's storage quota: refused before any write
-    tag = f"{options.staging_tag}-" if options.staging_tag else ""
-    staging = out_dir.parent / f".{out_dir.name}.staging-{tag}{uuid.uuid4().hex[:12]}"
-    try:
-        staging.mkdir(parents=True)
-    except OSError as e:
-        if is_disk_full(e):
-            raise DiskFull.at(out_dir.parent, "the output directory") from None
-        raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
+    staging = _make_staging(out_dir, options.staging_tag)
     stop_hashing = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
         inputs = pool.submit(
@@ -127,31 +120,53 @@ def execute(
         try:
             _check_free_space(staging, needed)
             files = stream_shards(
-                plan,
-                staging,
-                device=device,
-                chunk_elements=options.chunk_elements,
-                durable=options.durable,
-                tick_s=options.drain_tick_s,
-                on_progress=on_progress,
-                should_cancel=should_cancel,
-                started=started,
-            )
+                plan, staging, device=device, chunk_elements=options.chunk_elements,
+                durable=options.durable, tick_s=options.drain_tick_s, on_progress=on_progress,
+                should_cancel=should_cancel, started=started,
+            )  # fmt: skip
             files.update(_write_side_files(plan, staging, recipe.output.dtype))
-            manifest = _manifest(plan, recipe, inputs, files, options.job)
-            card = render_card(manifest, name=recipe.output.name)
-            (staging / CARD).write_text(card, encoding="utf-8")
-            files[CARD] = file_sha256(staging / CARD)
-            manifest["outputs"] = dict(sorted(files.items()))
-            files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
+            manifest = _write_card_and_manifest(plan, recipe, staging, inputs, files, options.job)
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
-        except BaseException as e:
+        except BaseException as e:  # cleanup on any exit (a cancel too), then re-raised
             stop_hashing.set()  # the pool's exit waits for the hashing thread: end it now
             shutil.rmtree(staging, ignore_errors=True)
             if is_disk_full(e):
                 raise DiskFull.at(out_dir.parent, "the output") from None
             raise
     return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
+
+
+def _make_staging(out_dir: Path, staging_tag: str) -> Path:
+    """A new directory beside `out_dir` to write the output in, named after the attempt
+    (`staging_tag`) so a retry can tell its own leftovers apart."""
+    tag = f"{staging_tag}-" if staging_tag else ""
+    staging = out_dir.parent / f".{out_dir.name}.staging-{tag}{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFull.at(out_dir.parent, "the output directory") from None
+        raise OutputError(f"{out_dir}: cannot create output ({e.strerror})") from None
+    return staging
+
+
+def _write_card_and_manifest(
+    plan: Plan,
+    recipe: Recipe,
+    staging: Path,
+    inputs: Future[list[dict[str, Any]]],
+    files: dict[str, str],
+    job: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Write README.md and then layerswap.json (listing every other file's sha256, the card's
+    included) into `staging`, adding both to `files`; the manifest."""
+    manifest = _manifest(plan, recipe, inputs, files, job)
+    card = render_card(manifest, name=recipe.output.name)
+    (staging / CARD).write_text(card, encoding="utf-8")
+    files[CARD] = file_sha256(staging / CARD)
+    manifest["outputs"] = dict(sorted(files.items()))
+    files[MANIFEST] = _write_json(staging / MANIFEST, manifest)
+    return manifest
 
 
 def resolve_device(name: str) -> str:

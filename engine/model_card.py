@@ -42,17 +42,7 @@ def render_card(
 ) -> str:
     recipe = manifest["recipe"]
     method = str(recipe["method"])
-    inputs = manifest["inputs"]
-    repos = list(dict.fromkeys(r[0] for i in inputs if (r := hub_repo(i["source"]))))
-    front: dict[str, Any] = {}
-    if repos:
-        front["base_model"] = repos
-        front["base_model_relation"] = "merge"
-    front["library_name"] = "transformers"
-    front["tags"] = ["merge", "layerswap", *METHOD_TAGS.get(method, [])]
-    if evaluations:
-        front["model-index"] = [{"name": name or "merged-model", "results": _results(evaluations)}]
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]
+    lines = _front_matter(manifest, method, name, evaluations)
     lines += [f"# {name or 'Merged model'}", ""]
     lines += [
         f"Made with Layerswap by {METHOD_NAMES.get(method, method)}, with no training."
@@ -67,20 +57,8 @@ def render_card(
         json.dumps(recipe.get("params", {}), indent=2, sort_keys=True),
         "```",
         "",
-        "## Inputs",
-        "",
-        "| role | input | source | revision |",
-        "|---|---|---|---|",
     ]
-    for entry in inputs:
-        found = hub_repo(entry["source"])
-        if found:
-            repo, revision = found
-            source = f"[{repo}](https://huggingface.co/{repo})"
-            rev = f"`{revision}`" if revision else "—"
-        else:
-            source, rev = f"`{entry['source']}`", "local"
-        lines.append(f"| {entry['role']} | {entry['label']} | {source} | {rev} |")
+    lines += _inputs_table(manifest["inputs"])
     lines += ["", "## Where each layer comes from", "", "| layer | origin | made from |"]
     lines.append("|---|---|---|")
     for row in manifest["layers"]:
@@ -92,6 +70,40 @@ def render_card(
     if manifest.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in manifest["warnings"]]
     return "\n".join(lines) + "\n"
+
+
+def _front_matter(
+    manifest: dict[str, Any],
+    method: str,
+    name: str | None,
+    evaluations: list[dict[str, Any]] | None,
+) -> list[str]:
+    """The YAML front matter the Hub reads (base models, tags, model-index), then a blank line."""
+    repos = list(dict.fromkeys(r[0] for i in manifest["inputs"] if (r := hub_repo(i["source"]))))
+    front: dict[str, Any] = {}
+    if repos:
+        front["base_model"] = repos
+        front["base_model_relation"] = "merge"
+    front["library_name"] = "transformers"
+    front["tags"] = ["merge", "layerswap", *METHOD_TAGS.get(method, [])]
+    if evaluations:
+        front["model-index"] = [{"name": name or "merged-model", "results": _results(evaluations)}]
+    return ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]
+
+
+def _inputs_table(inputs: list[dict[str, Any]]) -> list[str]:
+    """The Inputs section: each input's role, label, and its Hub repository and revision."""
+    lines = ["## Inputs", "", "| role | input | source | revision |", "|---|---|---|---|"]
+    for entry in inputs:
+        found = hub_repo(entry["source"])
+        if found:
+            repo, revision = found
+            source = f"[{repo}](https://huggingface.co/{repo})"
+            rev = f"`{revision}`" if revision else "—"
+        else:
+            source, rev = f"`{entry['source']}`", "local"
+        lines.append(f"| {entry['role']} | {entry['label']} | {source} | {rev} |")
+    return lines
 
 
 def _results(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,20 +76,59 @@ def stream_shards(
         (shard.filename, header, len(header) + sum(plan.tensors[i].nbytes for i in shard.tensors))
         for shard, (header, _) in zip(plan.shards, layout, strict=True)
     ]
-    sizes = [size for _, _, size in files]
     writer = OutputWriter(staging, files, durable=durable)
+    feedback = _Feedback(writer, sum(size for _, _, size in files), len(plan.tensors), started,
+                         on_progress, should_cancel)  # fmt: skip
+    try:
+        feedback.report()
+        _write_tensors(plan, layout, writer, device, chunk_elements, feedback)
+        writer.finish(on_tick=feedback.tick, tick_s=tick_s)
+    except BaseException:  # cleanup only (a cancel included): the writer stops, the error stays
+        writer.abort()
+        raise
+    feedback.report("finalizing")
+    return writer.digests
 
-    def report(stage: str = "merging") -> None:
-        if on_progress is not None:
-            on_progress(
-                Progress(stage, writer.bytes_written, sum(sizes), writer.tensors_written,
-                         len(plan.tensors), time.monotonic() - started)
+
+@dataclass(frozen=True)
+class _Feedback:
+    """A merge's progress reports (read from its writer) and its cancel check."""
+
+    writer: OutputWriter
+    total_bytes: int
+    total_tensors: int
+    started: float  # time.monotonic() when the merge began
+    on_progress: ProgressCallback | None
+    should_cancel: CancelCheck | None
+
+    def report(self, stage: str = "merging") -> None:
+        if self.on_progress is not None:
+            self.on_progress(
+                Progress(stage, self.writer.bytes_written, self.total_bytes,
+                         self.writer.tensors_written, self.total_tensors,
+                         time.monotonic() - self.started)
             )  # fmt: skip
 
-    def check_cancel() -> None:
-        if should_cancel is not None and should_cancel():
+    def check_cancel(self) -> None:
+        if self.should_cancel is not None and self.should_cancel():
             raise MergeCanceled("merge canceled; no output was left behind")
 
+    def tick(self) -> None:
+        """While the last writes drain: cancel still honoured, progress still shown."""
+        self.check_cancel()
+        self.report()
+
+
+def _write_tensors(
+    plan: Plan,
+    layout: list[tuple[bytes, list[int]]],
+    writer: OutputWriter,
+    device: str,
+    chunk_elements: int,
+    feedback: _Feedback,
+) -> None:
+    """Hand the writer every copy (file ranges, at once), then each computed tensor chunk by
+    chunk, both in file order."""
     placed = sorted(  # in file order: the writer assembles each file from its start
         (
             (file, offset, plan.tensors[index])
@@ -97,28 +137,15 @@ def stream_shards(
         ),
         key=lambda placement: placement[:2],
     )
-    try:
-        report()
-        for file, offset, tensor in placed:
-            if tensor.op == "copy":
-                _queue_copy(plan, tensor, writer, file, offset)
-        kernels = _kernels(plan, device, chunk_elements, check_cancel)
-        for file, offset, tensor in placed:
-            if tensor.op != "copy":
-                check_cancel()
-                _write_computed(plan, tensor, writer, kernels, file, offset, check_cancel)
-                report()
-
-        def tick() -> None:
-            check_cancel()
-            report()
-
-        writer.finish(on_tick=tick, tick_s=tick_s)
-    except BaseException:
-        writer.abort()
-        raise
-    report("finalizing")
-    return writer.digests
+    for file, offset, tensor in placed:
+        if tensor.op == "copy":
+            _queue_copy(plan, tensor, writer, file, offset)
+    kernels = _kernels(plan, device, chunk_elements, feedback.check_cancel)
+    for file, offset, tensor in placed:
+        if tensor.op != "copy":
+            feedback.check_cancel()
+            _write_computed(plan, tensor, writer, kernels, file, offset, feedback.check_cancel)
+            feedback.report()
 
 
 class ChunkKernels(Protocol):

@@ -226,18 +226,8 @@ class TiesKernels:
                 return self._inputs(tensor, start, count)
             return whole[0][start : start + count], whole[1][:, start : start + count]
 
-        m = len(tensor.terms)
-        thresholds, cutoffs = np.zeros(m, np.uint32), np.zeros(m, np.int64)
         trim = self.settings.density < 1.0
-        if trim and numel:
-            k = max(1, math.ceil(self.settings.density * numel))
-            for i in range(m):
-
-                def delta_inputs(start: int, count: int, i: int = i) -> tuple[Array, Array]:
-                    base, terms = inputs(start, count)
-                    return terms[i], base
-
-                thresholds[i], cutoffs[i] = self._select(numel, k, step, delta_inputs)
+        thresholds, cutoffs = self._trim_points(len(tensor.terms), numel, step, inputs)
         coefficients = np.array([t.coefficient for t in tensor.terms], np.float32)
         lambda_ = np.float32(self.settings.lambda_)
         # A tensor read whole is combined whole: a slice of its rows would not be contiguous,
@@ -259,6 +249,24 @@ class TiesKernels:
                 yield data[at : at + piece]
 
     # -- selection ------------------------------------------------------------------------------
+    def _trim_points(
+        self, term_count: int, numel: int, step: int,
+        inputs: Callable[[int, int], tuple[Array, Array]],
+    ) -> tuple[Array, Array]:  # fmt: skip
+        """Per term, what `_select` finds (thresholds, tie cutoffs); zeros where nothing is
+        trimmed. `inputs(start, count)` gives (base, terms) of those elements."""
+        thresholds, cutoffs = np.zeros(term_count, np.uint32), np.zeros(term_count, np.int64)
+        if self.settings.density < 1.0 and numel:
+            k = max(1, math.ceil(self.settings.density * numel))
+            for i in range(term_count):
+
+                def delta_inputs(start: int, count: int, i: int = i) -> tuple[Array, Array]:
+                    base, terms = inputs(start, count)
+                    return terms[i], base
+
+                thresholds[i], cutoffs[i] = self._select(numel, k, step, delta_inputs)
+        return thresholds, cutoffs
+
     def _select(
         self, numel: int, k: int, step: int, delta_inputs: Callable[[int, int], tuple[Array, Array]]
     ) -> tuple[int, int]:

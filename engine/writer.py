@@ -114,23 +114,30 @@ class OutputWriter:
         self._free: list[mmap.mmap] = []
         self._blocks_made = 0
         self._max_blocks = 3 * self._lanes_running + WRITING_THREADS
+        self._create_files(directory, files, direct)
+        self._threads = [
+            *(self._start(self._assemble_loop) for _ in range(self._lanes_running)),
+            *(self._start(self._write_loop) for _ in range(WRITING_THREADS)),
+        ]
+
+    def _create_files(
+        self, directory: Path, files: list[tuple[str, bytes, int]], direct: bool
+    ) -> None:
+        """Create every output file, its header the first piece to write; on any failure close
+        what was opened (no descriptor outlives a writer that failed to start)."""
         try:
             for name, header, size in files:
                 fd, is_direct = _create(directory / name, direct)
                 self._files.append(_File(name, fd, size, is_direct))
                 if header:
                     self._files[-1].pieces[0] = _Bytes(memoryview(header), False, buffered=False)
-        except BaseException as e:
-            self._close()  # no descriptor outlives a writer that failed to start
+        except BaseException as e:  # cleanup on any exit, then re-raised (an OSError as ours)
+            self._close()
             if isinstance(e, OSError):
                 if is_disk_full(e):
                     raise DiskFull.at(directory, "the output files") from None
                 raise OutputError(f"cannot create the output files in {directory}: {e}") from None
             raise
-        self._threads = [
-            *(self._start(self._assemble_loop) for _ in range(self._lanes_running)),
-            *(self._start(self._write_loop) for _ in range(WRITING_THREADS)),
-        ]
 
     def _start(self, loop: Callable[[], None]) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(loop,), daemon=True)
@@ -201,7 +208,7 @@ class OutputWriter:
     def _guard(self, loop: Callable[[], None]) -> None:
         try:
             loop()
-        except BaseException as e:  # surfaced to the producer by _raise_if_failed
+        except BaseException as e:  # a writer thread's boundary: kept for _raise_if_failed
             with self._state:
                 if self._error is None:
                     self._error = e

@@ -8,8 +8,9 @@ operator's token (tests/service/test_api_security.py enumerates the routes)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI
 
@@ -42,38 +43,20 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     db = db or Database(settings.database)
     hub_timeouts.configure(settings.hub_timeout_s, settings.hub_min_bytes_per_s)  # submit pins
     context = Context(settings=settings, db=db, executor=executor)
-    reconciler = Reconciler(db, settings, executor)
-    deliverer = Deliverer(db, settings)
+    background: list[_Background] = [Reconciler(db, settings, executor), Deliverer(db, settings)]
     # Other processes' job changes (Celery workers, other API processes) wake this one's waiters.
-    listener = None if db.is_sqlite else Listener(settings.database)
-    freezer = LongLivedFreezer()
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        context.executor.start()
-        reconciler.start()
-        deliverer.start()
-        if listener is not None:
-            listener.start()
-        # Everything made so far (the imported libraries) lives as long as the process, and so
-        # do the modules a first merge imports: frozen, full collections no longer walk them.
-        freezer.start()
-        yield
-        freezer.stop()
-        if listener is not None:
-            listener.stop()
-        deliverer.stop()
-        reconciler.stop()
-        context.executor.stop()
-        context.close()
-        db.dispose()
-
+    if not db.is_sqlite:
+        background.append(Listener(settings.database))
+    # Last: everything made before it starts (the imported libraries) lives as long as the
+    # process, and so do the modules a first merge imports: frozen, full collections no longer
+    # walk them.
+    background.append(LongLivedFreezer())
     app = FastAPI(
         title="Layerswap",
         version="0.1.0",
         description="Merge fine-tuned LLM checkpoints on demand: layer swapping, soups, "
         "task arithmetic, TIES.",
-        lifespan=lifespan,
+        lifespan=_lifespan(context, background),
     )
     app.state.context = context
     errors.install(app)
@@ -83,3 +66,30 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     return app
+
+
+class _Background(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _lifespan(
+    context: Context, background: list[_Background]
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The executor, then `background` in order, started with the app; stopped in reverse at
+    its end, then the context and the database let go."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        context.executor.start()
+        for part in background:
+            part.start()
+        yield
+        for part in reversed(background):
+            part.stop()
+        context.executor.stop()
+        context.close()
+        context.db.dispose()
+
+    return lifespan

@@ -8,11 +8,13 @@ import hashlib
 import json
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core import jobs
@@ -34,6 +36,7 @@ from core.settings import Settings
 from core.sources import resolve_source
 from engine.architectures import configured_layer_count
 from engine.digests import file_sha256
+from engine.errors import EngineError
 from engine.recipe import LayerSwapRecipe
 from worker.inputs import fetch_hub_inputs, local_resolver
 from worker.lease import JobLease, settle, write_with_retry
@@ -104,69 +107,110 @@ def _evaluate_target(
     job: Job, db: Database, settings: Settings, lease: JobLease, spec: EvaluationSpec,
     target: Target,
 ) -> None:  # fmt: skip
+    """Run the tasks no stored score answers, update the model's card and MLflow versions,
+    then record the scores and the job's result in one transaction."""
     version = lm_eval_version()
     task_files = task_files_digest(settings.eval_tasks_dir)
     keys = {t: reuse_key(target.digest, t, spec, version, task_files) for t in spec.tasks}
     reused = _stored_scores(db, job.tenant_id, keys)
-    to_run = [t for t in spec.tasks if t not in reused]
-    scores: list[Score] = []
-    seconds = 0.0
-    requests_run: dict[str, int] = {}
-    if to_run:
-        progress = lease.stage_progress("evaluating")
-        outcome = evaluate(
-            target.location,
-            spec.model_copy(update={"tasks": to_run}),
-            prebuilt=target.prebuilt,
-            tasks_dir=settings.eval_tasks_dir,
-            data_dir=settings.evaluation_data_dir,
-            cache_prefix=settings.evaluations_dir / job.tenant_id / job.id / "cache" / "requests",
-            device=settings.merge_device,
-            on_progress=progress,
-            should_cancel=lease.should_cancel,
-            timeout_s=settings.eval_timeout_s,
-        )
-        scores, seconds, requests_run = outcome.scores, outcome.seconds, outcome.requests_run
-        write_samples(outcome.samples, samples_path(settings, job))
-
-    card = _update_model_card(db, settings, job, target, scores, version)
-    registry = _tag_registered_versions(db, settings, target.artifact_id, scores)
+    run = _run_tasks(job, settings, lease, spec, target, [t for t in spec.tasks if t not in reused])
+    card = _update_model_card(db, settings, job, target, run.scores, version)
+    registry = _tag_registered_versions(db, settings, target.artifact_id, run.scores)
+    result = _evaluation_result(
+        target=target, spec=spec, version=version, run=run, reused=reused, card=card,
+        registry=registry,
+    )  # fmt: skip
 
     def record(session: Session) -> None:
         row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
-        for score in scores:
-            session.add(
-                EvaluationScore(
-                    job_id=job.id,
-                    tenant_id=job.tenant_id,
-                    artifact_id=target.artifact_id,
-                    reuse_key=keys[score.task],
-                    lm_eval_version=version,
-                    backend=spec.backend,
-                    settings=spec.settings_key(),
-                    duration_s=seconds,
-                    **score.to_dict(),
-                )
-            )
+        session.add_all(_score_rows(job, spec, target, run, keys, version))
         _attach_reused(session, job.tenant_id, target.artifact_id, [keys[t] for t in reused])
         _link_evaluated(session, job, target.artifact_id)
-        row.result = {
-            "artifact_id": target.artifact_id,
-            "lm_eval_version": version,
-            "backend": spec.backend,
-            "seconds": round(seconds, 3),
-            "ran": to_run,
-            "reused": [{"task": t, "job_id": reused[t]} for t in spec.tasks if t in reused],
-            "samples": bool(to_run),
-            # Requests this job's model answered; fewer than the tasks hold when an earlier
-            # attempt's request cache answered the rest.
-            "requests_run": requests_run,
-            "card": card,
-            **({"mlflow": registry} if registry else {}),
-        }
+        row.result = result
         jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=target.artifact_id)
 
     write_with_retry(db, lease, record, settings.db_retry_s)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The tasks this job ran itself (none: stored scores answered them all) and their outcome."""
+
+    tasks: list[str]
+    scores: list[Score] = field(default_factory=list)
+    seconds: float = 0.0
+    requests_run: dict[str, int] = field(default_factory=dict)
+
+
+def _run_tasks(
+    job: Job, settings: Settings, lease: JobLease, spec: EvaluationSpec, target: Target,
+    tasks: list[str],
+) -> _Run:  # fmt: skip
+    """Evaluate `tasks` with lm-eval (stage `evaluating`) and store their per-sample records."""
+    if not tasks:
+        return _Run(tasks)
+    progress = lease.stage_progress("evaluating")
+    outcome = evaluate(
+        target.location,
+        spec.model_copy(update={"tasks": tasks}),
+        prebuilt=target.prebuilt,
+        tasks_dir=settings.eval_tasks_dir,
+        data_dir=settings.evaluation_data_dir,
+        cache_prefix=settings.evaluations_dir / job.tenant_id / job.id / "cache" / "requests",
+        device=settings.merge_device,
+        on_progress=progress,
+        should_cancel=lease.should_cancel,
+        timeout_s=settings.eval_timeout_s,
+    )
+    write_samples(outcome.samples, samples_path(settings, job))
+    return _Run(tasks, outcome.scores, outcome.seconds, outcome.requests_run)
+
+
+def _score_rows(
+    job: Job, spec: EvaluationSpec, target: Target, run: _Run, keys: dict[str, str], version: str
+) -> list[EvaluationScore]:
+    """This job's scores as rows, each under its task's reuse key."""
+    return [
+        EvaluationScore(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            artifact_id=target.artifact_id,
+            reuse_key=keys[score.task],
+            lm_eval_version=version,
+            backend=spec.backend,
+            settings=spec.settings_key(),
+            duration_s=run.seconds,
+            **score.to_dict(),
+        )
+        for score in run.scores
+    ]
+
+
+def _evaluation_result(
+    *,
+    target: Target,
+    spec: EvaluationSpec,
+    version: str,
+    run: _Run,
+    reused: dict[str, str],
+    card: dict[str, Any],
+    registry: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The job's `result`: what ran, what stored scores answered, where the scores went."""
+    return {
+        "artifact_id": target.artifact_id,
+        "lm_eval_version": version,
+        "backend": spec.backend,
+        "seconds": round(run.seconds, 3),
+        "ran": run.tasks,
+        "reused": [{"task": t, "job_id": reused[t]} for t in spec.tasks if t in reused],
+        "samples": bool(run.tasks),
+        # Requests this job's model answered; fewer than the tasks hold when an earlier
+        # attempt's request cache answered the rest.
+        "requests_run": run.requests_run,
+        "card": card,
+        **({"mlflow": registry} if registry else {}),
+    }
 
 
 def _tag_registered_versions(
@@ -380,6 +424,11 @@ def _link_evaluated(session: Session, job: Job, artifact_id: str) -> None:
         session.add(evaluated_edge(job.id, artifact_id))
 
 
+# What updating a card can meet: the database, the files, a card's front matter that is not
+# YAML, the Hub (HubError; an unknown credential too) or a recipe it cannot read (RecipeError).
+_CARD_ERRORS = (SQLAlchemyError, OSError, ValueError, yaml.YAMLError, EngineError)
+
+
 def _update_model_card(
     db: Database, settings: Settings, job: Job, target: Target, scores: list[Score], version: str
 ) -> dict[str, Any]:
@@ -393,7 +442,7 @@ def _update_model_card(
     try:
         written = write_model_index(db, settings, target.artifact_id, target.location, pending)
         commits = push_card(db, settings, target.artifact_id, target.location)
-    except Exception as e:
+    except _CARD_ERRORS as e:
         log.warning("job %s: model card not updated (%s)", job.id, e)
         return {"updated": False, "error": str(e)}
     return {"updated": written, "hub_commits": commits}

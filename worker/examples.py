@@ -183,24 +183,22 @@ def make_checkpoint(
     `non_layer_scale` times that for the other tensors.
     `shard_size` (e.g. "100KB") shards the weights and writes model.safetensors.index.json.
     """
-    from transformers import AutoModelForCausalLM
-
     if base is None:
         config = _config(
             arch, layers=layers, hidden=hidden, intermediate=intermediate, vocab=vocab,
             heads=heads, kv_heads=kv_heads, tie_embeddings=tie_embeddings, dtype=dtype,
         )  # fmt: skip
-        with torch.random.fork_rng(devices=[]):  # seeded init, global RNG left as it was
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        model = _random_model(config, dtype=dtype, seed=seed)
     else:
-        with _quiet_progress():
-            model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
-        count = int(model.config.num_hidden_layers)
-        scales = [DEFAULT_LAYER_SCALE] * count if layer_scale is None else list(layer_scale)
-        if len(scales) != count:
-            raise ValueError(f"layer_scale has {len(scales)} entries for {count} layers")
-        _perturb(model, seed=seed, layer_scale=scales, non_layer_scale=non_layer_scale)
+        model = _simulated_fine_tune(
+            base, dtype=dtype, seed=seed, layer_scale=layer_scale, non_layer_scale=non_layer_scale
+        )
+    _save(model, out_dir, shard_size)
+    return out_dir
+
+
+def _save(model: Any, out_dir: Path, shard_size: str | None) -> None:
+    """The weights and config (sharded at `shard_size` if given), then the tokenizer."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with _quiet_progress():
         if shard_size is None:
@@ -208,7 +206,38 @@ def make_checkpoint(
         else:
             model.save_pretrained(str(out_dir), max_shard_size=shard_size)
     make_tokenizer(out_dir)
-    return out_dir
+
+
+def _random_model(config: Any, *, dtype: torch.dtype, seed: int) -> Any:
+    """A model of `config` initialised under `torch.manual_seed(seed)`; the global RNG is left
+    as it was."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+
+
+def _simulated_fine_tune(
+    base: Path,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    layer_scale: Sequence[float] | None,
+    non_layer_scale: float,
+) -> Any:
+    """The model at `base`, cast to `dtype`, with seeded noise added (make_checkpoint says how
+    much)."""
+    from transformers import AutoModelForCausalLM
+
+    with _quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
+    count = int(model.config.num_hidden_layers)
+    scales = [DEFAULT_LAYER_SCALE] * count if layer_scale is None else list(layer_scale)
+    if len(scales) != count:
+        raise ValueError(f"layer_scale has {len(scales)} entries for {count} layers")
+    _perturb(model, seed=seed, layer_scale=scales, non_layer_scale=non_layer_scale)
+    return model
 
 
 EXAMPLE_LAYERS = 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,21 +78,7 @@ def identical_output(
     now: the same recipe (its output options aside), the same plan digest, the same bytes in
     every input file its manifest lists, and its output intact. Sweeps use it so a
     configuration tried before is not merged again."""
-
-    def without_output(r: Any) -> str:
-        return jobs.request_digest({k: v for k, v in recipe_to_dict(r).items() if k != "output"})
-
-    wanted = without_output(recipe)
-    with db.session() as session:
-        rows = session.execute(
-            select(Job.id, Job.request, Artifact.location, Artifact.files)
-            .join(Artifact, Artifact.id == Job.output_artifact_id)
-            .where(Job.tenant_id == job.tenant_id, Job.kind == "merge", Job.id != job.id)
-            .where(Job.status == jobs.SUCCEEDED, Artifact.deleted_at.is_(None))
-            .order_by(Job.finished_at.desc())
-            .limit(500)
-        ).all()
-    matches = [r for r in rows if without_output(merge_recipe(r.request)) == wanted]
+    matches = _merges_of_same_recipe(job, recipe, db)
     if not matches:
         return None
 
@@ -107,15 +94,48 @@ def identical_output(
         manifest = read_manifest(out_dir)
         if manifest is None or manifest.get("plan_digest") != digest:
             continue
-        same_inputs = all(
-            file_sha256(resolve(entry["source"]) / name, cache, should_cancel) == sha
-            for entry in manifest["inputs"]
-            for name, sha in entry["files"].items()
-        )
-        intact = all(
-            (out_dir / name).is_file() and file_sha256(out_dir / name, cache, should_cancel) == sha
-            for name, sha in files.items()
-        )
-        if same_inputs and intact:
+        if _unchanged(manifest, out_dir, files, resolve, cache, should_cancel):
             return earlier, MergeResult(out_dir, dict(files), digest, manifest, 0.0)
     return None
+
+
+def _merges_of_same_recipe(job: Job, recipe: Any, db: Any) -> list[Any]:
+    """(job id, request, output location, output files) of this tenant's last 500 succeeded
+    merges whose recipe, output options aside, is `recipe`; the newest first."""
+
+    def without_output(r: Any) -> str:
+        return jobs.request_digest({k: v for k, v in recipe_to_dict(r).items() if k != "output"})
+
+    wanted = without_output(recipe)
+    with db.session() as session:
+        rows = session.execute(
+            select(Job.id, Job.request, Artifact.location, Artifact.files)
+            .join(Artifact, Artifact.id == Job.output_artifact_id)
+            .where(Job.tenant_id == job.tenant_id, Job.kind == "merge", Job.id != job.id)
+            .where(Job.status == jobs.SUCCEEDED, Artifact.deleted_at.is_(None))
+            .order_by(Job.finished_at.desc())
+            .limit(500)
+        ).all()
+    return [r for r in rows if without_output(merge_recipe(r.request)) == wanted]
+
+
+def _unchanged(
+    manifest: dict[str, Any],
+    out_dir: Path,
+    files: dict[str, str],
+    resolve: Callable[[str], Path],
+    cache: Path,
+    should_cancel: Any,
+) -> bool:
+    """Whether every input file the manifest lists still has its bytes, and every output file
+    (`files`) too. Both are hashed, whatever the first says (the cache keeps each sha256)."""
+    same_inputs = all(
+        file_sha256(resolve(entry["source"]) / name, cache, should_cancel) == sha
+        for entry in manifest["inputs"]
+        for name, sha in entry["files"].items()
+    )
+    intact = all(
+        (out_dir / name).is_file() and file_sha256(out_dir / name, cache, should_cancel) == sha
+        for name, sha in files.items()
+    )
+    return same_inputs and intact

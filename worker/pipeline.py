@@ -10,13 +10,14 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.db.models import Job, utcnow
+from core.db.models import Artifact, Job, utcnow
 from core.db.session import Database
 from core.errors import ServiceError
 from core.evaluations import follow_up_evaluation
@@ -78,7 +79,7 @@ def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
                 _finish(db, lease, jobs.CANCELED, settings)
         except (EngineError, ServiceError) as e:
             _finish(db, lease, jobs.FAILED, settings, error=_error_dict(e))
-        except Exception as e:
+        except Exception as e:  # the job's boundary: it fails the job, not the worker
             _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job_id, e))
     openlineage.job_ended(db, settings, job_id)
     log.info("job %s: attempt %d done", job_id, attempt)
@@ -130,6 +131,10 @@ def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **va
 
 
 def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> None:
+    """Make a merge job's output, publish and register it where the recipe asks, record it.
+
+    An output this job published in an earlier attempt, or (a sweep's trial) one that another
+    job already made from the same configuration, is used instead of merging again."""
     recipe = merge_recipe(job.request)
     out_dir = jobs.output_dir(settings, job)
     remove_leftovers(out_dir, job.id, lease.attempt)
@@ -138,81 +143,151 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
         result = published_by_earlier_attempt(out_dir, job.id)
         reused_from = None
         if result is None and "sweep" in job.request:  # a sweep's configuration tried before
-            lease.set_stage("planning")
-            found = identical_output(job, recipe, db, settings, lease.should_cancel)
+            found = _made_by_another_job(job, recipe, db, settings, lease)
             if found is not None:
                 reused_from, result = found
                 out_dir = result.out_dir
-                log.info("job %s: %s already made this merge; reused", job.id, reused_from)
         if result is None:
             fetched = fetch_hub_inputs(job, recipe, settings, lease)
             result = _merge(job, recipe, out_dir, settings, lease, fetched, db)
         elif reused_from is None:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
-        published = None
-        if recipe.output.hub is not None:
-            lease.set_stage("publishing")
-            token = token_for(
-                recipe.output.hub.credential, tenant=job.tenant_id,
-                credentials=settings.hub_credentials, field="output.hub.credential",
-            )  # fmt: skip
-            try:
-                published = publish(
-                    out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
-                ).to_dict()
-            except HubError:
-                # The job failed: it leaves no output, and the same name can be asked again.
-                shutil.rmtree(out_dir, ignore_errors=True)
-                raise
-        registered = None
-        if recipe.output.mlflow is not None:
-            lease.set_stage("registering")
-            try:
-                registered = _register(job, recipe, result, published, settings)
-            except ServiceError:
-                if reused_from is None:  # as for publishing: no output, the name is free
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                raise
+        published = _publish(job, recipe, out_dir, result, settings, lease)
+        registered = _register_output(
+            job, recipe, result, published, settings, lease,
+            discard=out_dir if reused_from is None else None,
+        )  # fmt: skip
+        made = _MergeOutput(out_dir, result, reused_from, published, registered)
         inputs = fetched.directories if fetched else {}
-
-        def record(session: Session) -> None:
-            row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
-            manifest = result.manifest
-            config = _read_config(out_dir)
-            output = get_or_create_artifact(
-                session,
-                tenant=job.tenant_id,
-                location=out_dir,
-                files=result.files,
-                architecture=config.get("model_type"),
-                num_layers=configured_layer_count(config),
-                size_bytes=stored_size(out_dir, result.files),
-            )
-            if published and published not in (output.published or []):
-                output.published = [*(output.published or []), published]
-            links = _input_links(session, job, manifest, settings, inputs)
-            link(session, row, links, output)
-            row.output_artifact_id, row.plan_digest = output.id, result.plan_digest
-            row.plan_summary = manifest["layers"]
-            row.result = {
-                "warnings": manifest["warnings"],
-                "seconds": round(result.seconds, 3),
-                "resolved_weights": manifest["resolved_weights"],
-                **({"published": published} if published else {}),
-                **({"reused_from": reused_from} if reused_from else {}),
-                **({"mlflow": registered} if registered else {}),
-            }
-            if published:
-                artifact_published(session, row, output.id, published)
-            evaluation = follow_up_evaluation(session, settings, row, output.id)
-            if evaluation is not None:
-                row.result = {**row.result, "evaluation_job_id": evaluation.id}
-            jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
-
-        write_with_retry(db, lease, record, settings.db_retry_s)
+        write_with_retry(
+            db, lease, lambda session: _record_success(session, job, lease, settings, made, inputs),
+            settings.db_retry_s,
+        )  # fmt: skip
     finally:
         if fetched is not None:
             fetched.close()
+
+
+@dataclass(frozen=True)
+class _MergeOutput:
+    """What a merge job made (or reused) and where it sent it: the values its record holds."""
+
+    out_dir: Path
+    result: Any  # MergeResult
+    reused_from: str | None
+    published: dict[str, Any] | None
+    registered: dict[str, Any] | None
+
+
+def _made_by_another_job(
+    job: Job, recipe: Any, db: Database, settings: Settings, lease: JobLease
+) -> tuple[str, Any] | None:
+    """(job id, MergeResult) of an earlier job's identical output, found in the `planning`
+    stage (the search plans the recipe and hashes its inputs)."""
+    lease.set_stage("planning")
+    found = identical_output(job, recipe, db, settings, lease.should_cancel)
+    if found is not None:
+        log.info("job %s: %s already made this merge; reused", job.id, found[0])
+    return found
+
+
+def _publish(
+    job: Job, recipe: Any, out_dir: Path, result: Any, settings: Settings, lease: JobLease
+) -> dict[str, Any] | None:
+    """The Hub commit the output was published as (None: the recipe asks for none)."""
+    if recipe.output.hub is None:
+        return None
+    lease.set_stage("publishing")
+    token = token_for(
+        recipe.output.hub.credential, tenant=job.tenant_id,
+        credentials=settings.hub_credentials, field="output.hub.credential",
+    )  # fmt: skip
+    try:
+        return publish(
+            out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
+        ).to_dict()
+    except HubError:
+        # The job failed: it leaves no output, and the same name can be asked again.
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _register_output(
+    job: Job,
+    recipe: Any,
+    result: Any,
+    published: dict[str, Any] | None,
+    settings: Settings,
+    lease: JobLease,
+    *,
+    discard: Path | None,
+) -> dict[str, Any] | None:
+    """The MLflow model version the output was registered as (None: the recipe asks for
+    none). If registering fails, `discard` (this job's own output, not a reused one) is
+    removed, as for publishing: the job leaves no output and the name is free."""
+    if recipe.output.mlflow is None:
+        return None
+    lease.set_stage("registering")
+    try:
+        return _register(job, recipe, result, published, settings)
+    except ServiceError:
+        if discard is not None:
+            shutil.rmtree(discard, ignore_errors=True)
+        raise
+
+
+def _record_success(
+    session: Session,
+    job: Job,
+    lease: JobLease,
+    settings: Settings,
+    made: _MergeOutput,
+    inputs: dict[str, Path],
+) -> None:
+    """Settle the job as succeeded with its output artifact, lineage, result and follow-ups."""
+    row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
+    manifest = made.result.manifest
+    output = _output_artifact(session, job, made)
+    link(session, row, _input_links(session, job, manifest, settings, inputs), output)
+    row.output_artifact_id, row.plan_digest = output.id, made.result.plan_digest
+    row.plan_summary = manifest["layers"]
+    row.result = _result_summary(made)
+    if made.published:
+        artifact_published(session, row, output.id, made.published)
+    evaluation = follow_up_evaluation(session, settings, row, output.id)
+    if evaluation is not None:
+        row.result = {**row.result, "evaluation_job_id": evaluation.id}
+    jobs.add_event(session, job.id, jobs.SUCCEEDED, artifact_id=output.id)
+
+
+def _output_artifact(session: Session, job: Job, made: _MergeOutput) -> Artifact:
+    """The output's artifact (found or made), with this job's Hub commit added to it."""
+    config = _read_config(made.out_dir)
+    output = get_or_create_artifact(
+        session,
+        tenant=job.tenant_id,
+        location=made.out_dir,
+        files=made.result.files,
+        architecture=config.get("model_type"),
+        num_layers=configured_layer_count(config),
+        size_bytes=stored_size(made.out_dir, made.result.files),
+    )
+    if made.published and made.published not in (output.published or []):
+        output.published = [*(output.published or []), made.published]
+    return output
+
+
+def _result_summary(made: _MergeOutput) -> dict[str, Any]:
+    """The job's `result`: the merge's warnings, time and weights, and where the output went."""
+    manifest = made.result.manifest
+    return {
+        "warnings": manifest["warnings"],
+        "seconds": round(made.result.seconds, 3),
+        "resolved_weights": manifest["resolved_weights"],
+        **({"published": made.published} if made.published else {}),
+        **({"reused_from": made.reused_from} if made.reused_from else {}),
+        **({"mlflow": made.registered} if made.registered else {}),
+    }
 
 
 def _register(

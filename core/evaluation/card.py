@@ -107,17 +107,24 @@ def write_model_index(
         if updated == card:
             return False
         _replace(location / CARD, updated)
-        files = dict(artifact.files)
-        files[CARD] = file_sha256(location / CARD)
-        manifest_path = location / MANIFEST
-        if manifest_path.is_file() and MANIFEST in files:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            manifest.setdefault("outputs", {})[CARD] = files[CARD]
-            _replace(manifest_path, json.dumps(manifest, indent=2) + "\n")  # as the engine does
-            files[MANIFEST] = file_sha256(manifest_path)
+        files = _with_new_card(location, artifact.files)
         artifact.files = files
         artifact.content_digest = content_digest(files)
     return True
+
+
+def _with_new_card(location: Path, files: dict[str, str]) -> dict[str, str]:
+    """`files` with the rewritten card's sha256, which the output's manifest (rewritten too,
+    its own sha256 then changed) lists as well."""
+    files = dict(files)
+    files[CARD] = file_sha256(location / CARD)
+    manifest_path = location / MANIFEST
+    if manifest_path.is_file() and MANIFEST in files:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest.setdefault("outputs", {})[CARD] = files[CARD]
+        _replace(manifest_path, json.dumps(manifest, indent=2) + "\n")  # as the engine does
+        files[MANIFEST] = file_sha256(manifest_path)
+    return files
 
 
 def push_card(db: Database, settings: Settings, artifact_id: str, location: Path) -> list[str]:

@@ -27,6 +27,7 @@ from engine.checkpoint import Checkpoint
 from engine.digests import file_sha256
 from engine.errors import MergeCanceled
 from engine.kernels import Kernels
+from engine.plan import Plan
 from engine.planner import make_plan
 from engine.recipe import LayerSwapRecipe
 from engine.tensor_io import read_elements
@@ -55,39 +56,13 @@ def assemble(
     known_digests: dict[Path, str] | None = None,  # Hub LFS files: their sha256 is known
     should_cancel: Callable[[], bool] | None = None,
 ) -> Assembled:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
+    from transformers import AutoTokenizer
 
     started = time.monotonic()
     plan = make_plan(recipe, resolve=resolve)
     try:
-        largest = max((_numel(t.shape) for t in plan.tensors), default=1)
-        kernels = Kernels(plan, device="cpu", chunk_elements=max(1, largest))
-        state: dict[str, torch.Tensor] = {}
-        referenced = computed = 0
-        for tensor in plan.tensors:
-            if should_cancel is not None and should_cancel():
-                raise MergeCanceled("canceled while assembling the model")
-            if tensor.op == "copy":
-                state[tensor.name] = _tensor(plan.checkpoints[tensor.terms[0].source], tensor.name)
-                referenced += 1
-            elif tensor.op == "linear":
-                whole = torch.cat([c.reshape(-1) for c in kernels.chunks(tensor)])
-                state[tensor.name] = whole.view(tensor.shape)
-                computed += 1
-            else:
-                raise EvaluationFailed(f"{tensor.name}: a {tensor.op} tensor in a layer swap")
-        identity = [
-            {
-                "label": ref.label,
-                "files": {
-                    f.name: (known_digests or {}).get(f)
-                    or file_sha256(f, hash_cache, should_cancel)
-                    for f in sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
-                },
-            }
-            for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True)
-        ]
+        state, referenced, computed = _assemble_tensors(plan, should_cancel)
+        identity = _input_files(plan, hash_cache, known_digests, should_cancel)
         plan_digest = plan.digest()
         digest = hashlib.sha256(
             json.dumps({"plan": plan_digest, "inputs": identity}, sort_keys=True).encode()
@@ -96,6 +71,61 @@ def assemble(
         tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
     finally:
         plan.close()
+    model = _load_model(config_dir, state)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return Assembled(
+        model, tokenizer, digest, plan_digest, referenced, computed, time.monotonic() - started
+    )
+
+
+def _assemble_tensors(
+    plan: Plan, should_cancel: Callable[[], bool] | None
+) -> tuple[dict[str, torch.Tensor], int, int]:
+    """(state dict, tensors referenced, tensors computed): copied tensors taken from the held
+    experts, averaged ones computed whole by the engine's kernels."""
+    largest = max((_numel(t.shape) for t in plan.tensors), default=1)
+    kernels = Kernels(plan, device="cpu", chunk_elements=max(1, largest))
+    state: dict[str, torch.Tensor] = {}
+    referenced = computed = 0
+    for tensor in plan.tensors:
+        if should_cancel is not None and should_cancel():
+            raise MergeCanceled("canceled while assembling the model")
+        if tensor.op == "copy":
+            state[tensor.name] = _tensor(plan.checkpoints[tensor.terms[0].source], tensor.name)
+            referenced += 1
+        elif tensor.op == "linear":
+            whole = torch.cat([c.reshape(-1) for c in kernels.chunks(tensor)])
+            state[tensor.name] = whole.view(tensor.shape)
+            computed += 1
+        else:
+            raise EvaluationFailed(f"{tensor.name}: a {tensor.op} tensor in a layer swap")
+    return state, referenced, computed
+
+
+def _input_files(
+    plan: Plan,
+    hash_cache: Path | None,
+    known_digests: dict[Path, str] | None,
+    should_cancel: Callable[[], bool] | None,
+) -> list[dict[str, Any]]:
+    """Each input's label and the sha256 of its weight files and config (part of the digest)."""
+    return [
+        {
+            "label": ref.label,
+            "files": {
+                f.name: (known_digests or {}).get(f) or file_sha256(f, hash_cache, should_cancel)
+                for f in sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
+            },
+        }
+        for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True)
+    ]
+
+
+def _load_model(config_dir: Path, state: dict[str, torch.Tensor]) -> Any:
+    """The model of `config_dir` built around `state` (no weight initialisation), eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
     config = AutoConfig.from_pretrained(str(config_dir))
     dtype = next(t.dtype for t in state.values() if t.is_floating_point())
     with no_init_weights():
@@ -111,10 +141,7 @@ def assemble(
     if loaded.missing_keys:
         model.tie_weights()
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return Assembled(
-        model, tokenizer, digest, plan_digest, referenced, computed, time.monotonic() - started
-    )
+    return model
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.evaluation.errors import (
     BackendNotOffered,
@@ -25,6 +25,9 @@ from core.evaluation.results import Score, sample_records, scores_of
 from core.evaluation.spec import EvaluationSpec
 from core.evaluation.tasks import lm_eval_version, require_lm_eval, task_manager
 from engine.errors import MergeCanceled
+
+if TYPE_CHECKING:
+    from core.evaluation.stepped_lm import Stop
 
 log = logging.getLogger("layerswap.evaluation")
 
@@ -61,12 +64,9 @@ def evaluate(
     timeout_s: float | None = None,
 ) -> Outcome:
     require_lm_eval()
-    from lm_eval import evaluator
-
-    from core.evaluation.stepped_lm import SteppedLM, Stop  # imports lm_eval, like the line above
+    from core.evaluation.stepped_lm import SteppedLM  # imports lm_eval: the optional extra
 
     started = time.monotonic()
-    deadline = started + timeout_s if timeout_s else None
     model = SteppedLM(
         _prebuilt(prebuilt, spec, device)
         if prebuilt is not None
@@ -74,13 +74,34 @@ def evaluate(
         chunk=4 * spec.batch_size,
         on_progress=on_progress,
         should_cancel=should_cancel,
-        deadline=deadline,
+        deadline=started + timeout_s if timeout_s else None,
     )
     manager = task_manager(spec.tasks, tasks_dir, data_dir)
     if cache_prefix is not None:
         cache_prefix.parent.mkdir(parents=True, exist_ok=True)
+    results = _simple_evaluate(model, spec, manager, cache_prefix, timeout_s)
+    assert results is not None  # rank 0 always gets results
+    return Outcome(
+        scores=scores_of(results),
+        samples=sample_records(results),
+        lm_eval_version=lm_eval_version(),
+        seconds=time.monotonic() - started,
+        requests_run=dict(model.ran),
+    )
+
+
+def _simple_evaluate(
+    model: Any, spec: EvaluationSpec, manager: Any, cache_prefix: Path | None,
+    timeout_s: float | None,
+) -> Any:  # fmt: skip
+    """lm-eval's results for `spec`; a stop (cancel, time limit) and lm-eval's own failures
+    raised as our errors."""
+    from lm_eval import evaluator
+
+    from core.evaluation.stepped_lm import Stop  # imports lm_eval, like the line above
+
     try:
-        results = evaluator.simple_evaluate(
+        return evaluator.simple_evaluate(
             model=model,
             tasks=list(spec.tasks),
             num_fewshot=spec.num_fewshot,
@@ -97,24 +118,23 @@ def evaluate(
             bootstrap_iters=1000,
         )
     except Stop as stop:
-        if stop.reason == "canceled":
-            raise MergeCanceled("evaluation canceled") from None
-        raise EvaluationTimeout(
-            f"the evaluation ran past its time limit ({timeout_s:.0f} s, LAYERSWAP_EVAL_TIMEOUT_S)",
-            details={"timeout_s": timeout_s},
-        ) from None
+        raise _stop_error(stop, timeout_s) from None
     except (MergeCanceled, EvaluationTimeout):
         raise
-    except Exception as e:  # lm-eval's own errors: a task's data, a model it cannot run
+    # The lm-eval boundary: it runs the tasks' own code (ours, a deployment's tasks_dir) and
+    # the model's, so no list of what it raises is closed; any of it fails the evaluation.
+    except Exception as e:
         log.warning("evaluation failed: %s: %s", type(e).__name__, e)
         raise EvaluationFailed(f"lm-eval failed: {type(e).__name__}: {e}") from None
-    assert results is not None  # rank 0 always gets results
-    return Outcome(
-        scores=scores_of(results),
-        samples=sample_records(results),
-        lm_eval_version=lm_eval_version(),
-        seconds=time.monotonic() - started,
-        requests_run=dict(model.ran),
+
+
+def _stop_error(stop: Stop, timeout_s: float | None) -> MergeCanceled | EvaluationTimeout:
+    """What a SteppedLM stop means: the job was canceled, or the time limit was reached."""
+    if stop.reason == "canceled":
+        return MergeCanceled("evaluation canceled")
+    return EvaluationTimeout(
+        f"the evaluation ran past its time limit ({timeout_s:.0f} s, LAYERSWAP_EVAL_TIMEOUT_S)",
+        details={"timeout_s": timeout_s},
     )
 
 
@@ -153,6 +173,8 @@ def _backend(model_dir: Path | None, spec: EvaluationSpec, device: str) -> Any:
             dtype=spec.dtype,
             device=device,
         )
+    # The model-loading boundary: any directory's config picks the model code transformers
+    # runs, so what a bad one raises is open-ended; all of it means "not a loadable model".
     except Exception as e:
         raise EvaluationFailed(
             f"{model_dir}: cannot be loaded as a model ({type(e).__name__}: {e})"

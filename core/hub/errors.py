@@ -7,10 +7,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from core.hub.timeouts import HubStalled, install
 from engine.errors import DiskFull, EngineError, is_disk_full
+
+if TYPE_CHECKING:
+    from huggingface_hub.errors import HfHubHTTPError
 
 
 class HubError(EngineError):
@@ -103,15 +106,7 @@ def hub_errors(what: str) -> Iterator[None]:
     except hf.EntryNotFoundError:
         raise HubFileMissing(f"{what}: file not found in the repository") from None
     except hf.HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else None
-        if status == 429:
-            raise HubRateLimited(f"{what}: rate limited by the Hub; try again later") from None
-        if status in (401, 403):
-            raise HubUnauthorized(f"{what}: the credential is not allowed to do this") from None
-        if status in (400, 413, 422):
-            reason = getattr(e, "server_message", None) or "no reason given"
-            raise HubRejected(f"{what}: the Hub refused it (HTTP {status}: {reason})") from None
-        raise HubUnavailable(f"{what}: the Hub answered HTTP {status}") from None
+        raise _http_error(what, e) from None
     except RuntimeError as e:  # how the client reports a failed LFS upload, the cause inside
         cause = e.__cause__
         if cause is None or not isinstance(cause, (hf.HfHubHTTPError, HubStalled, *unreachable)):
@@ -123,6 +118,19 @@ def hub_errors(what: str) -> Iterator[None]:
             where = getattr(e, "filename", None) or what
             raise DiskFull.at(where, f"{what} into the Hub cache") from None
         raise HubUnavailable(f"{what}: the Hub is unreachable ({type(e).__name__})") from None
+
+
+def _http_error(what: str, error: HfHubHTTPError) -> HubError:
+    """The HubError for an HTTP error answer (an HfHubHTTPError), by its status."""
+    status = error.response.status_code if error.response is not None else None
+    if status == 429:
+        return HubRateLimited(f"{what}: rate limited by the Hub; try again later")
+    if status in (401, 403):
+        return HubUnauthorized(f"{what}: the credential is not allowed to do this")
+    if status in (400, 413, 422):
+        reason = getattr(error, "server_message", None) or "no reason given"
+        return HubRejected(f"{what}: the Hub refused it (HTTP {status}: {reason})")
+    return HubUnavailable(f"{what}: the Hub answered HTTP {status}")
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:

@@ -95,63 +95,102 @@ def fetch_inputs(
     meter = _Meter(on_progress, should_cancel)
     try:
         for source in hub_sources(recipe):
-            ref = parse_hub_source(source)
-            if not ref.pinned:
-                raise HubError(f"{source}: not pinned to a commit sha")
-            fetched.pins[source] = pinned = _retrying(partial(pin, ref, token))
             view = root / str(len(fetched.directories))
-            view.mkdir(parents=True)
-            fetched.directories[source] = view
-            side = _side_files(pinned, source)
-            meter.total += sum(pinned.files[n].size for n in side)
-            for name in side:
-                _link(view / name, _download(pinned, name, cache_dir, token, meter))
-            _check_index(pinned, view)
-            for name in pinned.weight_files:
-                _link(view / name, _header_file(pinned, name, cache_dir, token))
-                if sha := pinned.files[name].sha256:
-                    fetched.digests[view / name] = sha
+            _fetch_headers(source, view, fetched, cache_dir, token, meter)
         if headers_only:
             return fetched
         needed = _needed_spans(recipe, fetched, local)
-        whole: list[tuple[str, str]] = []
-        sparse: list[tuple[str, str, list[Span]]] = []
-        for source, shards in needed.items():
-            pinned, view = fetched.pins[source], fetched.directories[source]
-            for name, spans in sorted(shards.items()):
-                if cached := _cached(pinned, name, cache_dir):  # an earlier job read it all
-                    _link(view / name, cached)
-                elif (
-                    spans is None or not pinned.files[name].sha256 or _all_data(view / name, spans)
-                ):
-                    whole.append((source, name))
-                    meter.total += pinned.files[name].size
-                else:
-                    sparse.append((source, name, spans))
-        missing = []  # (source, name, spans, header file, bytes not yet fetched)
-        for source, name, spans in sparse:
-            header = _header_file(fetched.pins[source], name, cache_dir, token)
-            missing.append((source, name, spans, header, _size(_subtract(spans, _present(header)))))
-        meter.total += sum(counted for *_, counted in missing)
-        for source, name, spans, header, counted in missing:
-            pinned = fetched.pins[source]
-            with FileLock(f"{header}.lock"):  # concurrent jobs: one fetches, the others reuse
-                present = _present(header)
-                gaps = _subtract(spans, present)
-                meter.add(max(0, counted - _size(gaps)))  # fetched meanwhile by another job
-                if gaps:
-                    _fill(pinned, name, token, header, present, gaps, meter)
-            fetched.ranged[f"{pinned.repo}/{name}"] = spans
-        for source, name in whole:
-            pinned = fetched.pins[source]
-            path = _download(pinned, name, cache_dir, token, meter)
-            _link(fetched.directories[source] / name, path)
-            fetched.downloaded.append(f"{pinned.repo}/{name}")
+        whole, sparse = _sort_shards(needed, fetched, cache_dir, meter)
+        _fetch_ranges(sparse, fetched, cache_dir, token, meter)
+        _download_whole(whole, fetched, cache_dir, token, meter)
         meter.report()
-    except BaseException:
+    except BaseException:  # cleanup only (a cancel included): the view goes, the error stays
         fetched.close()
         raise
     return fetched
+
+
+def _fetch_headers(
+    source: str, view: Path, fetched: FetchedInputs, cache_dir: Path, token: str | None,
+    meter: _Meter,
+) -> None:  # fmt: skip
+    """Pin `source` and make `view` its directory: side files whole, shards as headers only."""
+    ref = parse_hub_source(source)
+    if not ref.pinned:
+        raise HubError(f"{source}: not pinned to a commit sha")
+    fetched.pins[source] = pinned = _retrying(partial(pin, ref, token))
+    view.mkdir(parents=True)
+    fetched.directories[source] = view
+    side = _side_files(pinned, source)
+    meter.total += sum(pinned.files[n].size for n in side)
+    for name in side:
+        _link(view / name, _download(pinned, name, cache_dir, token, meter))
+    _check_index(pinned, view)
+    for name in pinned.weight_files:
+        _link(view / name, _header_file(pinned, name, cache_dir, token))
+        if sha := pinned.files[name].sha256:
+            fetched.digests[view / name] = sha
+
+
+_Whole = tuple[str, str]  # (source, shard) to download whole
+_Sparse = tuple[str, str, list[Span]]  # (source, shard, the ranges to fetch)
+
+
+def _sort_shards(
+    needed: dict[str, dict[str, list[Span] | None]],
+    fetched: FetchedInputs,
+    cache_dir: Path,
+    meter: _Meter,
+) -> tuple[list[_Whole], list[_Sparse]]:
+    """The shards to download whole and those to fetch by range. One the client's cache holds
+    whole (an earlier job read it all) is linked now; one whose sha256 the listing does not
+    give, or whose every tensor is read, is downloaded whole."""
+    whole: list[_Whole] = []
+    sparse: list[_Sparse] = []
+    for source, shards in needed.items():
+        pinned, view = fetched.pins[source], fetched.directories[source]
+        for name, spans in sorted(shards.items()):
+            if cached := _cached(pinned, name, cache_dir):
+                _link(view / name, cached)
+            elif spans is None or not pinned.files[name].sha256 or _all_data(view / name, spans):
+                whole.append((source, name))
+                meter.total += pinned.files[name].size
+            else:
+                sparse.append((source, name, spans))
+    return whole, sparse
+
+
+def _fetch_ranges(
+    sparse: list[_Sparse], fetched: FetchedInputs, cache_dir: Path, token: str | None,
+    meter: _Meter,
+) -> None:  # fmt: skip
+    """Fetch into each sparse shard the ranges it still lacks; the whole missing size is
+    counted into the progress total before the first byte is fetched."""
+    missing = []  # (source, name, spans, header file, bytes not yet fetched)
+    for source, name, spans in sparse:
+        header = _header_file(fetched.pins[source], name, cache_dir, token)
+        missing.append((source, name, spans, header, _size(_subtract(spans, _present(header)))))
+    meter.total += sum(counted for *_, counted in missing)
+    for source, name, spans, header, counted in missing:
+        pinned = fetched.pins[source]
+        with FileLock(f"{header}.lock"):  # concurrent jobs: one fetches, the others reuse
+            present = _present(header)
+            gaps = _subtract(spans, present)
+            meter.add(max(0, counted - _size(gaps)))  # fetched meanwhile by another job
+            if gaps:
+                _fill(pinned, name, token, header, present, gaps, meter)
+        fetched.ranged[f"{pinned.repo}/{name}"] = spans
+
+
+def _download_whole(
+    whole: list[_Whole], fetched: FetchedInputs, cache_dir: Path, token: str | None,
+    meter: _Meter,
+) -> None:  # fmt: skip
+    for source, name in whole:
+        pinned = fetched.pins[source]
+        path = _download(pinned, name, cache_dir, token, meter)
+        _link(fetched.directories[source] / name, path)
+        fetched.downloaded.append(f"{pinned.repo}/{name}")
 
 
 def fetch_model(
@@ -188,7 +227,7 @@ def fetch_model(
             if sha := pinned.files[name].sha256:
                 fetched.digests[view / name] = sha
         meter.report()
-    except BaseException:
+    except BaseException:  # cleanup only (a cancel included): the view goes, the error stays
         fetched.close()
         raise
     return fetched

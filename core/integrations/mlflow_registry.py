@@ -218,22 +218,15 @@ def register(
     else:
         source = f"layerswap:{artifact_hint}"
     tags = _version_tags(job_id, request, files, plan_digest, sources)
-
-    def step(check: Callable[[], None]) -> Any:
-        check()
-        _claim(client, name, tenant)
-        version = _by_job(client, name, job_id)
-        if version is None:
-            check()
-            version = client.create_model_version(
-                name, source, tags=tags, description=f"Layerswap merge job {job_id}"
-            )
-        if destination.alias:
-            check()
-            client.set_registered_model_alias(name, destination.alias, version.version)
-        return version
-
-    version = _bounded(settings, f"registering {name}", step, settings.mlflow_timeout_s)
+    version = _bounded(
+        settings,
+        f"registering {name}",
+        lambda check: _job_version(
+            client, check, name=name, tenant=tenant, job_id=job_id, source=source, tags=tags,
+            alias=destination.alias,
+        ),
+        settings.mlflow_timeout_s,
+    )  # fmt: skip
     return {
         "tracking_uri": settings.mlflow_tracking_uri,
         "registered_model": name,
@@ -241,6 +234,33 @@ def register(
         "alias": destination.alias,
         "source": source,
     }
+
+
+def _job_version(
+    client: Any,
+    check: Callable[[], None],
+    *,
+    name: str,
+    tenant: str,
+    job_id: str,
+    source: str,
+    tags: dict[str, str],
+    alias: str | None,
+) -> Any:
+    """The job's version of model `name` (created unless there is one), `alias` moved to it;
+    `check` called before each write."""
+    check()
+    _claim(client, name, tenant)
+    version = _by_job(client, name, job_id)
+    if version is None:
+        check()
+        version = client.create_model_version(
+            name, source, tags=tags, description=f"Layerswap merge job {job_id}"
+        )
+    if alias:
+        check()
+        client.set_registered_model_alias(name, alias, version.version)
+    return version
 
 
 def _version_tags(

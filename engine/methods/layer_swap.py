@@ -16,7 +16,7 @@ from engine.methods.base import (
     terms,
 )
 from engine.plan import Op, Term
-from engine.recipe import LayerSwapRecipe
+from engine.recipe import LayerSwapParams, LayerSwapRecipe
 
 
 def region(layer: int, num_layers: int, p: LayerSwapRecipe) -> str:
@@ -44,6 +44,36 @@ def check_fits(recipe: LayerSwapRecipe, num_layers: int) -> None:
         )
 
 
+def _expert_soup(q: LayerSwapParams, inputs: Inputs, indices: list[int]) -> list[float]:
+    """The weights of one role's experts: by magnitude (`expert_soup: magnitude`), else equal."""
+    if q.expert_soup == "magnitude" and len(indices) > 1:
+        return inverse_normalized(inputs.magnitudes(indices, "params.expert_soup"))
+    return [1.0 / len(indices)] * len(indices)
+
+
+def _transition_weights(
+    q: LayerSwapParams,
+    inputs: Inputs,
+    *,
+    task: list[int],
+    language: list[int],
+    task_soup: list[float],
+    language_soup: list[float],
+) -> tuple[float, float]:
+    """(task, language) weights of the transition layers. By magnitude, a role's magnitude is
+    its experts' weighted by its soup."""
+    if q.transition_weights == "uniform":
+        return 0.5, 0.5
+    if q.transition_weights == "magnitude":
+        m = inputs.magnitudes(task + language, "params.transition_weights")
+        m_task = sum(s * x for s, x in zip(task_soup, m[: len(task)], strict=True))
+        m_language = sum(s * x for s, x in zip(language_soup, m[len(task) :], strict=True))
+        w_task, w_language = inverse_normalized([m_task, m_language])
+        return w_task, w_language
+    w_task, w_language = normalized([q.transition_weights.task, q.transition_weights.language])
+    return w_task, w_language
+
+
 def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
     # Never a layer stack taken for non-layer tensors (a vision tower's follow non_layer).
     stacks = [checkpoint.require_layers(recipe.method) for checkpoint in inputs.checkpoints]
@@ -51,22 +81,10 @@ def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
     num_layers = stacks[0].count
     check_fits(recipe, num_layers)
     task, language = inputs.indices("task"), inputs.indices("language")
-
-    def soup(indices: list[int], name: str) -> list[float]:
-        if q.expert_soup == "magnitude" and len(indices) > 1:
-            return inverse_normalized(inputs.magnitudes(indices, "params.expert_soup"))
-        return [1.0 / len(indices)] * len(indices)
-
-    task_soup, language_soup = soup(task, "task"), soup(language, "language")
-    if q.transition_weights == "uniform":
-        w_task, w_language = 0.5, 0.5
-    elif q.transition_weights == "magnitude":
-        m = inputs.magnitudes(task + language, "params.transition_weights")
-        m_task = sum(s * x for s, x in zip(task_soup, m[: len(task)], strict=True))
-        m_language = sum(s * x for s, x in zip(language_soup, m[len(task) :], strict=True))
-        w_task, w_language = inverse_normalized([m_task, m_language])
-    else:
-        w_task, w_language = normalized([q.transition_weights.task, q.transition_weights.language])
+    task_soup, language_soup = _expert_soup(q, inputs, task), _expert_soup(q, inputs, language)
+    w_task, w_language = _transition_weights(
+        q, inputs, task=task, language=language, task_soup=task_soup, language_soup=language_soup
+    )
 
     def mix(scale_task: float, scale_language: float) -> tuple[Term, ...]:
         return tuple(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
+from typing import Any
 
 import click
 import uvicorn
+import uvicorn.config
 
 from core.db.migrate import upgrade
 from core.db.session import Database
@@ -46,14 +49,24 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
         f"{workers} process{'es' if workers > 1 else ''})"
     )
     if workers == 1:
-        uvicorn.run(build_app(settings), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
+                    log_level="info", log_config=serve_logging())  # fmt: skip
         return
     # Each process builds its own app from the environment: pass the overrides on.
     os.environ.update(LAYERSWAP_HOST=settings.host, LAYERSWAP_PORT=str(settings.port))
     uvicorn.run(
         "layerswap.app:app_from_environment", factory=True, workers=workers,
-        host=settings.host, port=settings.port, log_level="info",
+        host=settings.host, port=settings.port, log_level="info", log_config=serve_logging(),
     )  # fmt: skip
+
+
+def serve_logging() -> dict[str, Any]:
+    """uvicorn's logging, with each request's access line written by a plain formatter (the
+    same words, no colours): uvicorn's own copies every record to colour it, which cost a
+    tenth of the CPU of a page of merges."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["formatters"]["access"] = {"format": "%(levelname)s:     %(message)s"}
+    return config
 
 
 def check_webhook_keys(settings: Settings) -> None:

@@ -11,6 +11,7 @@ edit can make an answer stale."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
@@ -53,8 +54,12 @@ def etag_of(version: bytes) -> str:
 class Kept:
     row: Sequence[Any]  # what the answer was made from (compared whole)
     answer: Answer
-    etag: str
     ended: bool
+
+    @functools.cached_property
+    def etag(self) -> str:
+        """Made when first asked for: a list page sends its answers without their ETags."""
+        return etag_of(self.answer.version)
 
 
 class KeptAnswers:

@@ -91,47 +91,56 @@ def exposure_of(request: Request) -> Exposure:
     return exposure_for(request.app.state.context.settings)
 
 
+async def _service_error(request: Request, e: ServiceError) -> JSONResponse:
+    shown = exposure_of(request)
+    return error_response(e.status, e.code, shown.text(e.message), shown.value(e.details))
+
+
+async def _engine_error(request: Request, e: EngineError) -> JSONResponse:
+    shown = exposure_of(request)
+    message, details = shown.text(e.message), shown.value(e.details)
+    if isinstance(e, HubError):  # at submit time: pinning a source to its commit
+        retry = 30 if e.http_status == 503 else None
+        return error_response(e.http_status, e.code, message, details, retry_after=retry)
+    return error_response(ENGINE_STATUS.get(type(e), 422), e.code, message, details)
+
+
+async def _invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
+    message, details = describe_invalid(list(e.errors()))
+    return error_response(422, "invalid_request", message, details)
+
+
+async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
+    if e.status_code == 400 and e.detail == BODY_PARSE_ERROR:  # e.g. not UTF-8
+        return error_response(422, "invalid_request", "body: not valid JSON", {"field": "body"})
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+    return error_response(e.status_code, code, str(e.detail))
+
+
+async def _database_error(_: Request, e: DBAPIError) -> JSONResponse:
+    if is_database_outage(e):
+        log.warning("database unavailable: %s", e)
+        return error_response(
+            503,
+            "database_unavailable",
+            "the database is unreachable; retry shortly",
+            retry_after=5,
+        )
+    log.exception("database error")
+    return error_response(500, "internal_error", "unexpected error; see the service log")
+
+
+async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    log.exception("unhandled error")
+    return error_response(500, "internal_error", "unexpected error; see the service log")
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, e: ServiceError) -> JSONResponse:
-        shown = exposure_of(request)
-        return error_response(e.status, e.code, shown.text(e.message), shown.value(e.details))
-
-    @app.exception_handler(EngineError)
-    async def engine_error(request: Request, e: EngineError) -> JSONResponse:
-        shown = exposure_of(request)
-        message, details = shown.text(e.message), shown.value(e.details)
-        if isinstance(e, HubError):  # at submit time: pinning a source to its commit
-            retry = 30 if e.http_status == 503 else None
-            return error_response(e.http_status, e.code, message, details, retry_after=retry)
-        return error_response(ENGINE_STATUS.get(type(e), 422), e.code, message, details)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        message, details = describe_invalid(list(e.errors()))
-        return error_response(422, "invalid_request", message, details)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
-        if e.status_code == 400 and e.detail == BODY_PARSE_ERROR:  # e.g. not UTF-8
-            return error_response(422, "invalid_request", "body: not valid JSON", {"field": "body"})
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return error_response(e.status_code, code, str(e.detail))
-
-    @app.exception_handler(DBAPIError)
-    async def database_error(_: Request, e: DBAPIError) -> JSONResponse:
-        if is_database_outage(e):
-            log.warning("database unavailable: %s", e)
-            return error_response(
-                503,
-                "database_unavailable",
-                "the database is unreachable; retry shortly",
-                retry_after=5,
-            )
-        log.exception("database error")
-        return error_response(500, "internal_error", "unexpected error; see the service log")
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, "internal_error", "unexpected error; see the service log")
+    """Every error answered as `{"error": {...}}`: ours and the engine's by their status,
+    FastAPI's own in our words, an unreachable database a 503, anything else a 500."""
+    app.exception_handler(ServiceError)(_service_error)
+    app.exception_handler(EngineError)(_engine_error)
+    app.exception_handler(RequestValidationError)(_invalid_request)
+    app.exception_handler(HTTPException)(_http_error)
+    app.exception_handler(DBAPIError)(_database_error)
+    app.exception_handler(Exception)(_unexpected)

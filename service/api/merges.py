@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from sqlalchemy import inspect
 from starlette.concurrency import run_in_threadpool
 
 from core import jobs
@@ -86,8 +85,10 @@ def read_job(context: Context, job: Job) -> JobView:
 
 
 def loaded_output(job: Job) -> Artifact | None:
-    """The output artifact when it was read with the job (jobs.OUTPUT), else None."""
-    loaded = inspect(job).attrs.output_artifact.loaded_value
+    """The output artifact when it was read with the job (jobs.OUTPUT), else None. A loaded
+    relationship's value is in the instance's dict (reading it through `inspect(job).attrs`
+    built the state of every attribute first: a tenth of the time of a list page)."""
+    loaded = job.__dict__.get("output_artifact")
     return loaded if isinstance(loaded, Artifact) else None
 
 

@@ -28,7 +28,7 @@ from core.db.models import Job
 from core.errors import NotFound
 from core.job_rows import ID, KIND, TENANT, driver_processors, job_of, processed
 from core.jobs import is_id
-from service.api.answers import Kept, answer, etag_of
+from service.api.answers import Kept, answer
 from service.api.deps import Context
 from service.schemas import JobView
 
@@ -119,7 +119,7 @@ def answer_for(
         return found
     job = job_of(processed(row, driver_processors(context.db.engine.dialect)))
     made = answer(view(job))
-    fresh = Kept(row, made, etag_of(made.version), job.status in jobs.TERMINAL)
+    fresh = Kept(row, made, job.status in jobs.TERMINAL)
     if reusable is not None and made.timeless and reusable(job):
         context.answers.put(job_id, fresh)
     return fresh

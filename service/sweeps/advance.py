@@ -60,6 +60,7 @@ def advance_all(db: Database, settings: Settings, executor: Executor) -> list[st
 
 
 def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str) -> bool:
+    """One step of the sweep (see the module's docstring); True if it ended now."""
     with db.session() as session:
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None
@@ -67,14 +68,7 @@ def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str)
     spec = SweepCreate.model_validate(sweep.request)
     found = children(db, sweep_id)
     if sweep.status == CANCELING:
-        for job in found:
-            if job.status in (jobs.QUEUED, jobs.RUNNING):
-                with suppress(Conflict):  # it ended meanwhile
-                    jobs.request_cancel(db, tenant=sweep.tenant_id, job_id=job.id)
-        found = children(db, sweep_id)
-        if all(job.status in jobs.TERMINAL for job in found):
-            return _finish(db, sweep, CANCELED, {"canceled": True})
-        return False
+        return _wind_down(db, sweep, found)
     if spec.keep == "none":
         _remove_evaluated(db, settings, sweep, found, keep=set())
     if spec.search.strategy == "optuna" and _ask_more(db, settings, executor, sweep, spec, found):
@@ -91,6 +85,24 @@ def advance(db: Database, settings: Settings, executor: Executor, sweep_id: str)
         return False  # the best configuration is being written or published
     if spec.keep == "best":
         _remove_evaluated(db, settings, sweep, found, keep={best["config"]})
+    return _finish_scored(db, sweep, found, best)
+
+
+def _wind_down(db: Database, sweep: Sweep, found: list[Job]) -> bool:
+    """A canceling sweep: its queued and running jobs asked to cancel; ends it canceled once
+    none runs (True then)."""
+    for job in found:
+        if job.status in (jobs.QUEUED, jobs.RUNNING):
+            with suppress(Conflict):  # it ended meanwhile
+                jobs.request_cancel(db, tenant=sweep.tenant_id, job_id=job.id)
+    if all(job.status in jobs.TERMINAL for job in children(db, sweep.id)):
+        return _finish(db, sweep, CANCELED, {"canceled": True})
+    return False
+
+
+def _finish_scored(db: Database, sweep: Sweep, found: list[Job], best: dict[str, Any]) -> bool:
+    """End a sweep whose jobs have all ended, `best` its leaderboard's first row: succeeded,
+    or failed where a final merge of the best configuration did not succeed."""
     summary = {"best": {"config": best["config"], "mean": best["mean"]}, **_counts(found)}
     final = [j for j in found if trial_of(j).get("kept")]
     if final:
@@ -136,6 +148,15 @@ def _final_merges(
         return False
     if any(trial_of(j).get("kept") for j in found):
         return False
+    chosen = _final_trials(spec, found, best)
+    if not chosen:
+        return False
+    return _queue_final_merges(db, settings, executor, sweep, spec, chosen)
+
+
+def _final_trials(spec: SweepCreate, found: list[Job], best: str) -> list[Job]:
+    """The jobs of the best configuration that a final merge repeats, one per pair: evaluated
+    in memory (for keep: best), or a written merge that was scored (for publish_best)."""
 
     def wanted(job: Job) -> bool:
         trial = trial_of(job)
@@ -153,8 +174,19 @@ def _final_merges(
             and trial_of(j).get("config") == best
         }  # fmt: skip
         chosen = [j for j in chosen if trial_of(j)["pair"] in scored]
-    if not chosen:
-        return False
+    return chosen
+
+
+def _queue_final_merges(
+    db: Database,
+    settings: Settings,
+    executor: Executor,
+    sweep: Sweep,
+    spec: SweepCreate,
+    chosen: list[Job],
+) -> bool:
+    """The final merges of `chosen`, added and dispatched unless another reconciler did first
+    (the sweep row is locked meanwhile); True if added now."""
     with db.session() as session:
         row = session.get(Sweep, sweep.id, with_for_update=True)
         if row is None or row.status != RUNNING:
@@ -283,18 +315,25 @@ def suggest(
 ) -> list[LayerSwapParams]:
     """`count` untried configurations from Optuna's TPE sampler, told every finished one
     (seeded by the sweep and by how many were told, so the same state asks the same)."""
-    import optuna
     from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+    by_label = {label(p): p for p in candidates}
+    distribution: dict[str, BaseDistribution] = {"config": CategoricalDistribution(list(by_label))}
+    told = {config: value for config, value in values.items() if config in by_label}
+    study = _told_study(distribution, told, seed=spec.search.seed + len(values))
+    untried = [c for c in by_label if c not in asked]
+    return [by_label[c] for c in _ask(study, distribution, asked, untried, count)]
+
+
+def _told_study(distribution: dict[str, Any], told: dict[str, float | None], *, seed: int) -> Any:
+    """A TPE study told each configuration's mean score (a failed trial where it has none)."""
+    import optuna
     from optuna.trial import TrialState, create_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    by_label = {label(p): p for p in candidates}
-    distribution: dict[str, BaseDistribution] = {"config": CategoricalDistribution(list(by_label))}
-    sampler = optuna.samplers.TPESampler(seed=spec.search.seed + len(values), n_startup_trials=2)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=2)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    for config, value in values.items():
-        if config not in by_label:
-            continue
+    for config, value in told.items():
         state = TrialState.COMPLETE if value is not None else TrialState.FAIL
         study.add_trial(
             create_trial(
@@ -304,8 +343,21 @@ def suggest(
                 state=state,
             )
         )
+    return study
+
+
+def _ask(
+    study: Any,
+    distribution: dict[str, Any],
+    asked: dict[str, dict[str, Any]],
+    untried: list[str],
+    count: int,
+) -> list[str]:
+    """Up to `count` of `untried` as the study suggests them (one it repeats is told failed
+    and asked again); filled up in order when it keeps repeating itself."""
+    from optuna.trial import TrialState
+
     chosen: list[str] = []
-    untried = [c for c in by_label if c not in asked]
     for _ in range(20 * count):
         if len(chosen) == count or len(chosen) == len(untried):
             break
@@ -319,7 +371,7 @@ def suggest(
     for config in untried:  # the sampler kept repeating itself: fill up in order
         if len(chosen) < count and config not in chosen:
             chosen.append(config)
-    return [by_label[c] for c in chosen]
+    return chosen
 
 
 def cancel_sweep(db: Database, *, tenant: str, sweep_id: str) -> Sweep:

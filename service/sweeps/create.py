@@ -61,10 +61,7 @@ def create_sweep(
             if (found := _by_key(session, tenant, idempotency_key, digest)) is not None:
                 return Created(found, False, [])
     check_spec(spec.evaluation, settings)
-    if spec.publish_best is not None:
-        credentials = settings.hub_credentials
-        token_for(spec.publish_best.credential, tenant=tenant, credentials=credentials,
-                  field="publish_best.credential")  # fmt: skip
+    _check_publish_credential(spec, settings, tenant)
     spec, pins = _pinned(spec, settings, tenant)
     layers = _num_layers(spec, settings, tenant, pins)
     first = _first_trials(spec, layers)
@@ -78,6 +75,24 @@ def create_sweep(
         idempotency_key=idempotency_key,
         num_layers=layers,
     )
+    return _insert(db, settings, sweep, spec, first)
+
+
+def _check_publish_credential(spec: SweepCreate, settings: Settings, tenant: str) -> None:
+    """UnknownCredential, before anything is made, unless the tenant has the credential
+    `publish_best` names."""
+    if spec.publish_best is not None:
+        credentials = settings.hub_credentials
+        token_for(spec.publish_best.credential, tenant=tenant, credentials=credentials,
+                  field="publish_best.credential")  # fmt: skip
+
+
+def _insert(
+    db: Database, settings: Settings, sweep: Sweep, spec: SweepCreate, first: list[Trial]
+) -> Created:
+    """The sweep and its first jobs, in one transaction; or the sweep that a concurrent
+    request with the same Idempotency-Key committed first."""
+    tenant, key, digest = sweep.tenant_id, sweep.idempotency_key, sweep.request_hash
     jobs.ensure_tenant(db, tenant)
     try:
         with db.session() as session:
@@ -87,7 +102,7 @@ def create_sweep(
             session.expunge(sweep)
     except IntegrityError:
         with db.session() as session:  # the same key, committed first by a concurrent request
-            found = _by_key(session, tenant, idempotency_key, digest) if idempotency_key else None
+            found = _by_key(session, tenant, key, digest) if key else None
         if found is None:
             raise
         return Created(found, False, [])
@@ -206,12 +221,25 @@ def _pinned(
     """Local sources checked against the allowed roots; Hub sources pinned to the commit their
     revision points at now (each once), and the spec rewritten with the pins, so every job of
     the sweep reads the same commits. Returns the spec and pinned source -> PinnedRepo."""
+    pins = _pins(spec, settings, tenant)
+    if not pins:
+        return spec, {}
+    return _with_pins(spec, pins), {str(p.source): p for p in pins.values()}
+
+
+def _named_sources(spec: SweepCreate) -> list[tuple[str, str]]:
+    """(field, source) of every expert and the base."""
     named = [(f"task_experts.{i}", s) for i, s in enumerate(spec.task_experts)]
     named += [(f"language_experts.{i}", s) for i, s in enumerate(spec.language_experts)]
     if spec.base is not None:
         named.append(("base", spec.base))
+    return named
+
+
+def _pins(spec: SweepCreate, settings: Settings, tenant: str) -> dict[str, Any]:
+    """Hub source as written -> PinnedRepo, each pinned once; local sources checked only."""
     pins: dict[str, Any] = {}
-    for field, source in named:
+    for field, source in _named_sources(spec):
         if not is_hub_source(source):
             resolve_source(source, settings, tenant, field=field)
             continue
@@ -227,8 +255,11 @@ def _pinned(
         except HubError as e:
             e.details.setdefault("field", field)
             raise
-    if not pins:
-        return spec, {}
+    return pins
+
+
+def _with_pins(spec: SweepCreate, pins: dict[str, Any]) -> SweepCreate:
+    """The spec with each pinned source replaced by its pinned form."""
 
     def pinned(source: str) -> str:
         return str(pins[source].source) if source in pins else source
@@ -241,7 +272,7 @@ def _pinned(
     if spec.pairs is not None:
         body["pairs"] = [{"task": pinned(p.task), "language": pinned(p.language)}
                          for p in spec.pairs]  # fmt: skip
-    return SweepCreate.model_validate(body), {pinned(s): p for s, p in pins.items()}
+    return SweepCreate.model_validate(body)
 
 
 def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[str, Any]) -> int:

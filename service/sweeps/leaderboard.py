@@ -22,9 +22,12 @@ from core.evaluation.compare import paired
 from core.evaluation.results import outcomes, read_samples
 from core.evaluations import scores_of_job
 from core.settings import Settings
-from service.sweeps.spec import SweepCreate
+from service.sweeps.spec import Pair, SweepCreate
 
 FILTER_PREFERENCE = ("flexible-extract", "strict-match", "remove_whitespace", "none")
+
+Score = dict[str, Any]  # as scores_of_job gives it: task, metric, filter, value, stderr, job_id…
+Cells = dict[str, dict[int, Score]]  # configuration -> expert pair's index -> its score
 
 
 def children(db: Database, sweep_id: str) -> list[Job]:
@@ -56,12 +59,27 @@ def objective_score(scores: list[dict[str, Any]], spec: SweepCreate) -> dict[str
 def leaderboard(db: Database, settings: Settings, sweep: Sweep) -> dict[str, Any]:
     spec = SweepCreate.model_validate(sweep.request)
     pairs = spec.expert_pairs()
-    found = children(db, sweep.id)
-    evaluations = [j for j in found if j.kind == "evaluation" and j.status == jobs.SUCCEEDED]
-    # (config, pair) -> score; expert source -> score; and where each score's samples are
-    cells: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    experts: dict[str, dict[str, Any]] = {}
-    for job in evaluations:
+    cells, experts = _objective_scores(db, spec, children(db, sweep.id))
+    return {
+        "sweep_id": sweep.id,
+        "objective": _objective(spec, cells),
+        "pairs": len(pairs),
+        "rows": _ranked_rows(settings, sweep.tenant_id, cells, len(pairs)),
+        "per_pair": [_pair_row(i, pair, cells, experts) for i, pair in enumerate(pairs)],
+        "experts": {source: score["value"] for source, score in experts.items()},
+    }
+
+
+def _objective_scores(
+    db: Database, spec: SweepCreate, found: list[Job]
+) -> tuple[Cells, dict[str, Score]]:
+    """The objective's score of each succeeded evaluation: a trial's by (config, pair), an
+    expert's own by its source."""
+    cells: Cells = defaultdict(dict)
+    experts: dict[str, Score] = {}
+    for job in found:
+        if job.kind != "evaluation" or job.status != jobs.SUCCEEDED:
+            continue
         trial = job.request.get("sweep") or {}
         score = objective_score(scores_of_job(db, job), spec)
         if score is None:
@@ -70,59 +88,62 @@ def leaderboard(db: Database, settings: Settings, sweep: Sweep) -> dict[str, Any
             experts[str(job.request["target"].get("source"))] = score
         else:
             cells[trial["config"]][int(trial["pair"])] = score
-    rows = [_row(config, by_pair, len(pairs)) for config, by_pair in cells.items()]
+    return cells, experts
+
+
+def _objective(spec: SweepCreate, cells: Cells) -> dict[str, Any]:
+    return {
+        "task": spec.objective.task,
+        "metric": spec.objective.metric,
+        # as asked, or the one chosen when none was (the same for every score of a task)
+        "filter": spec.objective.filter
+        or next((c["filter"] for by in cells.values() for c in by.values()), None),
+    }
+
+
+def _ranked_rows(settings: Settings, tenant: str, cells: Cells, pairs: int) -> list[dict[str, Any]]:
+    """A row per configuration, best mean first, each with its rank and its test against the
+    best (None for the best itself)."""
+    rows = [_row(config, by_pair, pairs) for config, by_pair in cells.items()]
     rows.sort(key=lambda r: (-r["mean"], r["config"]))
     best = rows[0] if rows else None
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
         row["vs_best"] = (
-            _versus(settings, sweep.tenant_id, cells[row["config"]], cells[best["config"]])
+            _versus(settings, tenant, cells[row["config"]], cells[best["config"]])
             if best is not None and row is not best
             else None
         )
-    per_pair = []
-    for i, pair in enumerate(pairs):
-        task_score = experts.get(pair.task)
-        language_score = experts.get(pair.language)
-        best_expert = max(
-            (s["value"] for s in (task_score, language_score) if s is not None), default=None
-        )
-        per_pair.append(
-            {
-                "pair": i,
-                "task_expert": pair.task,
-                "language_expert": pair.language,
-                "task_expert_score": task_score["value"] if task_score else None,
-                "language_expert_score": language_score["value"] if language_score else None,
-                "configs": {
-                    config: {
-                        "value": by_pair[i]["value"],
-                        "minus_best_expert": None
-                        if best_expert is None
-                        else by_pair[i]["value"] - best_expert,
-                    }
-                    for config, by_pair in cells.items()
-                    if i in by_pair
-                },
-            }
-        )
+    return rows
+
+
+def _pair_row(i: int, pair: Pair, cells: Cells, experts: dict[str, Score]) -> dict[str, Any]:
+    """Pair `i`: its experts' own scores, and each configuration's beside the better of them."""
+    task_score = experts.get(pair.task)
+    language_score = experts.get(pair.language)
+    best_expert = max(
+        (s["value"] for s in (task_score, language_score) if s is not None), default=None
+    )
     return {
-        "sweep_id": sweep.id,
-        "objective": {
-            "task": spec.objective.task,
-            "metric": spec.objective.metric,
-            # as asked, or the one chosen when none was (the same for every score of a task)
-            "filter": spec.objective.filter
-            or next((c["filter"] for by in cells.values() for c in by.values()), None),
+        "pair": i,
+        "task_expert": pair.task,
+        "language_expert": pair.language,
+        "task_expert_score": task_score["value"] if task_score else None,
+        "language_expert_score": language_score["value"] if language_score else None,
+        "configs": {
+            config: {
+                "value": by_pair[i]["value"],
+                "minus_best_expert": None
+                if best_expert is None
+                else by_pair[i]["value"] - best_expert,
+            }
+            for config, by_pair in cells.items()
+            if i in by_pair
         },
-        "pairs": len(pairs),
-        "rows": rows,
-        "per_pair": per_pair,
-        "experts": {source: score["value"] for source, score in experts.items()},
     }
 
 
-def _row(config: str, by_pair: dict[int, dict[str, Any]], pairs: int) -> dict[str, Any]:
+def _row(config: str, by_pair: dict[int, Score], pairs: int) -> dict[str, Any]:
     values = [by_pair[i]["value"] for i in sorted(by_pair)]
     mean = sum(values) / len(values)
     errors = [by_pair[i]["stderr"] for i in sorted(by_pair)]
@@ -148,8 +169,8 @@ def _row(config: str, by_pair: dict[int, dict[str, Any]], pairs: int) -> dict[st
 def _versus(
     settings: Settings,
     tenant: str,
-    mine: dict[int, dict[str, Any]],
-    best: dict[int, dict[str, Any]],
+    mine: dict[int, Score],
+    best: dict[int, Score],
 ) -> dict[str, Any] | None:
     """McNemar over (pair, document): the pairs both configurations were scored on. None
     where a pair's records say no right/wrong by the objective's metric."""
@@ -168,7 +189,7 @@ def _versus(
     return {**test.to_dict(), "distinguishable": test.significant}
 
 
-def _outcomes(settings: Settings, tenant: str, score: dict[str, Any]) -> dict[Any, bool] | None:
+def _outcomes(settings: Settings, tenant: str, score: Score) -> dict[Any, bool] | None:
     """doc id -> right or wrong by the score's own metric, from the records of the job that
     measured `score` ({} without records, None where the metric is not 0/1 per document)."""
     path: Path = settings.evaluations_dir / tenant / score["job_id"] / "samples.jsonl"

@@ -19,18 +19,6 @@ from fastapi.routing import iter_route_contexts
 from core.settings import Settings
 from tests.docs.reference_hook import ROOT, load
 
-# Settings declared without a `description=` in core/settings.py: their rows show only the
-# type, default and bounds. A new setting must have a description (the test below fails
-# otherwise); once one of these gets one, remove it from this list.
-UNDESCRIBED = {
-    "executor",
-    "host",
-    "port",
-    "default_tenant",
-    "max_attempts",
-    "openlineage_namespace",
-}
-
 
 @pytest.fixture(scope="module")
 def hook() -> ModuleType:
@@ -66,13 +54,7 @@ def test_configuration_lists_every_setting_once_with_its_default(hook: ModuleTyp
 
 
 def test_every_setting_has_a_description(hook: ModuleType) -> None:
-    undescribed = set(hook.undescribed_settings())
-    assert undescribed <= UNDESCRIBED, (
-        f"settings without a description: {undescribed - UNDESCRIBED}"
-    )
-    assert undescribed == UNDESCRIBED, (
-        f"now described, drop from UNDESCRIBED: {UNDESCRIBED - undescribed}"
-    )
+    assert hook.undescribed_settings() == [], "a setting without a description= in Settings"
 
 
 def test_api_reference_has_every_route_of_the_app(hook: ModuleType, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from core.db.migrate import upgrade
 from core.db.session import Database
 from core.jobs import Executor
 from core.settings import Settings
+from layerswap.app import build_app
 from service.app import create_app
 
 POSTGRES_ADMIN = os.environ.get(
@@ -118,7 +119,10 @@ def running_service(
         if not (checkpoints / name).exists():
             shutil.copytree(examples / name, checkpoints / name)
     upgrade(settings.database)
-    app = create_app(settings, executor=job_executor)
+    if job_executor is None:
+        app = build_app(settings)  # the executor the settings name, as `layerswap serve` has
+    else:
+        app = create_app(settings, executor=job_executor)
     with TestClient(app) as client:
         yield Service(client, settings, app.state.context.db, checkpoints)
 

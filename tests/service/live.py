@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from core.db.migrate import upgrade
 from core.jobs import Executor
 from core.settings import Settings
+from layerswap.app import build_app
 from service.app import create_app
 from tests.service.conftest import make_settings
 
@@ -41,7 +42,10 @@ def live_service(
         if not (checkpoints / name).exists():
             shutil.copytree(examples / name, checkpoints / name)
     upgrade(settings.database)
-    app = create_app(settings, executor=job_executor)
+    if job_executor is None:
+        app = build_app(settings)  # the executor the settings name, as `layerswap serve` has
+    else:
+        app = create_app(settings, executor=job_executor)
     with serving(app) as base:
         yield Live(base, app, settings)
 
