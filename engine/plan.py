@@ -16,7 +16,9 @@ from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
 
-Op = Literal["copy", "linear", "ties"]
+# weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
+# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
+Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp"]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,14 @@ from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import BUILDERS, Inputs, MethodPlan
 from engine.plan import InputRef, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
-from engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
+from engine.recipe import (
+    LayerSwapRecipe,
+    LinearRecipe,
+    Recipe,
+    SlerpRecipe,
+    SoupRecipe,
+    named_sources,
+)
 from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.validate import check_compatible
 
@@ -20,6 +27,8 @@ Resolver = Callable[[str], Path]
 # Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
 # float32 temporaries (reused by the allocator from chunk to chunk) stay in the tens of MB.
 DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
+# Recipes whose base is optional: one given but unused earns a warning.
+OPTIONAL_BASE = (LayerSwapRecipe, SoupRecipe, LinearRecipe, SlerpRecipe)
 
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
@@ -82,7 +91,7 @@ def _assemble(
         warnings=warnings,
         layer_stack=found,
     )
-    if isinstance(recipe, SoupRecipe | LayerSwapRecipe) and recipe.base is not None:
+    if isinstance(recipe, OPTIONAL_BASE) and recipe.base is not None:
         used = {t.source for p in tensors for t in p.terms}
         if (base := len(refs) - 1) not in used and not _needs_magnitude(recipe):
             warnings.append(f"base {refs[base].source} is not used by this recipe")
@@ -107,7 +116,8 @@ def _tensor(
     info = primary.tensors[name]
     layer = stack.layer_of(name) if stack else None
     op, terms, origin = method.rule(name, layer)
-    terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
+    if op == "linear":  # other ops read every term: mergekit's arithmetic keeps 0·x
+        terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
     if info.dtype not in FLOAT_DTYPES:
         # Integer/bool buffers cannot be averaged: take them from the dominant input.
         source = method.ties.base if method.ties else max(terms, key=lambda t: t.coefficient).source
