@@ -559,7 +559,7 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     response = service.client.get("/v1/methods")
     assert response.status_code == 200
     methods = {m["method"]: m for m in response.json()}
-    assert set(methods) == {"layer_swap", "soup", "task_arithmetic", "ties"}
+    assert set(methods) == {"layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp"}
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
         "soup": "optional",
