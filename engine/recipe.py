@@ -240,8 +240,12 @@ class TiesRecipe(_Strict):
 
 
 class LinearParams(_Strict):
-    weights: Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS)] = Field(
-        description="one per model: a number, a gradient across layers, or {filter, value}s"
+    weights: (
+        Literal["uniform"] | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS)]
+    ) = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
     )
     normalize: bool = Field(True, description="divide by the sum of the weights")
 
@@ -252,13 +256,14 @@ class LinearRecipe(_Strict):
     method: Literal["linear"]
     base: Source | None = Field(None, description="not used; accepted as by soup")
     models: list[Source] = Field(min_length=2, max_length=MAX_MODELS)
-    params: LinearParams
+    params: LinearParams = LinearParams()
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if len(self.params.weights) != len(self.models):
+        weights = self.params.weights
+        if isinstance(weights, list) and len(weights) != len(self.models):
             raise ValueError(
                 f"params.weights has {len(self.params.weights)} entries for "
                 f"{len(self.models)} models"
@@ -268,8 +273,9 @@ class LinearRecipe(_Strict):
 
 class SlerpParams(_Strict):
     t: Setting = Field(
+        0.5,
         description="0 = models[0], 1 = models[1]: a number, a gradient across layers "
-        "([0, 0.5, 1]) or {filter, value}s (filter: self_attn, mlp, ...)"
+        "([0, 0.5, 1]) or {filter, value}s (filter: self_attn, mlp, ...)",
     )
 
 
@@ -279,7 +285,7 @@ class SlerpRecipe(_Strict):
     method: Literal["slerp"]
     base: Source | None = Field(None, description="not used; accepted as by soup")
     models: list[Source] = Field(min_length=2, max_length=2)
-    params: SlerpParams
+    params: SlerpParams = SlerpParams()
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
 

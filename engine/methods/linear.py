@@ -8,7 +8,7 @@ Each weight may vary by layer (a gradient) or by tensor name (filters), as merge
 from __future__ import annotations
 
 from engine.errors import RecipeError
-from engine.gradients import position, resolve
+from engine.gradients import Setting, position, resolve
 from engine.methods.base import Inputs, MethodPlan, layer_count
 from engine.plan import Op, Term
 from engine.recipe import LinearRecipe
@@ -16,7 +16,8 @@ from engine.recipe import LinearRecipe
 
 def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
     models = inputs.indices("model")
-    settings = recipe.params.weights
+    weights = recipe.params.weights
+    settings: list[Setting] = [1.0] * len(models) if weights == "uniform" else list(weights)
     num_layers = layer_count(inputs, recipe.method, settings)
     op: Op = "weighted_mean" if recipe.params.normalize else "weighted_sum"
 
@@ -36,5 +37,6 @@ def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
         rule=rule,
         config_input=models[0],
         tokenizer_input=models[0],
-        resolved_weights={"models": [s if isinstance(s, float) else "varies" for s in settings]},
+        # not "models": that key promises one float per input (the lineage records them)
+        resolved_weights={"weights": [s if isinstance(s, float) else "varies" for s in settings]},
     )

@@ -63,13 +63,16 @@ def test_slerp_matches_formula_and_runs(llama32: Family, run_merge: Any) -> None
 @pytest.mark.parametrize(
     ("recipe", "field"),
     [
-        ({"method": "linear", "models": ["a", "b"]}, "params"),
+        (
+            {"method": "linear", "models": ["a", "b"], "params": {"weights": "half"}},
+            "params.weights",
+        ),
         ({"method": "linear", "models": ["a", "b"], "params": {"weights": [1]}}, "params.weights"),
         ({"method": "slerp", "models": ["a", "b", "c"], "params": {"t": 0.5}}, "models"),
         ({"method": "slerp", "models": ["a", "b"], "params": {"t": "half"}}, "params.t"),
         ({"method": "slerp", "models": ["a", "b"], "params": {"t": [{"filte": "x"}]}}, "params.t"),
     ],
-    ids=["linear-no-weights", "linear-count", "slerp-three", "slerp-t", "slerp-condition"],
+    ids=["linear-weights", "linear-count", "slerp-three", "slerp-t", "slerp-condition"],
 )
 def test_invalid_recipes_name_their_field(recipe: dict[str, Any], field: str) -> None:
     with pytest.raises(RecipeError) as error:
