@@ -460,9 +460,12 @@ def reference_check(
     average rounded once). sample=0 checks every tensor."""
     import torch
 
-    from engine.checkpoint import layer_index
+    from engine.architectures import Refusal, find_layer_stack
 
     got = Tensors(out)
+    stack = find_layer_stack(json.loads((out / "config.json").read_text()), got.names())
+    if isinstance(stack, Refusal):
+        raise ValueError(stack.reason)
     inputs = {k: Tensors(models[k]) for k in ("task", "lang")}
     owners = layer_owners(layers, *swap_sizes(layers))
     names = got.names()
@@ -470,7 +473,7 @@ def reference_check(
         names = names[:: max(1, len(names) // sample)]
     bad: list[str] = []
     for name in names:
-        layer = layer_index(name)
+        layer = stack.layer_of(name)
         if method == "layer_swap" and layer is not None:
             expected = inputs[owners[layer]].get(name)
         else:

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from engine.analysis_result import AnalysisResult, ExpertDelta, SwapSuggestion
-from engine.checkpoint import Checkpoint, layer_index
+from engine.architectures import LayerStack
+from engine.checkpoint import Checkpoint
 from engine.errors import IncompatibleCheckpointsError, MergeCanceled, RecipeError
 from engine.progress import CancelCheck
 from engine.safetensors_format import FLOAT_DTYPES, TensorInfo
@@ -113,8 +114,10 @@ def _scan(
     experts: Sequence[Checkpoint],
     chunk_elements: int,
     should_cancel: CancelCheck | None = None,
+    stack: LayerStack | None = None,
 ) -> list[_DeltaStats]:
-    """One streaming pass over every analysable tensor, all experts together."""
+    """One streaming pass over every analysable tensor, all experts together; per-layer
+    statistics for the tensors of `stack` (none without one: a magnitude needs no layers)."""
     stats = [_DeltaStats() for _ in experts]
     for name in sorted(base.tensors):
         if should_cancel is not None and should_cancel():
@@ -122,7 +125,7 @@ def _scan(
         info = base.tensors[name]
         if not _analysable(info) or not all(_analysable(e.tensors[name]) for e in experts):
             continue
-        layer = layer_index(name)
+        layer = stack.layer_of(name) if stack else None
         key = None if layer is None else (layer, param_kind(name))
         for stat, mavs in zip(stats, _row_mavs(base, experts, name, chunk_elements), strict=True):
             stat.add(key, mavs)
@@ -242,9 +245,9 @@ def analyze(
         expert_ckpts = opened[1:]
         labelled = [(label, c) for (label, _), c in zip(experts, expert_ckpts, strict=True)]
         check_same_tensors(base_ckpt, labelled)
-        base_ckpt.require_layers("delta analysis")  # its matrices are per layer
-        stats = _scan(base_ckpt, expert_ckpts, chunk_elements)
-        layers = base_ckpt.num_layers
+        stack = base_ckpt.require_layers("delta analysis")  # its matrices are per layer
+        stats = _scan(base_ckpt, expert_ckpts, chunk_elements, stack=stack)
+        layers = stack.count
     finally:
         for ckpt in opened:
             ckpt.close()

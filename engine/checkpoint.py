@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from engine.architectures import (
+    LayerStack,
+    Refusal,
+    find_layer_stack,
+    layer_count_problem,
+    model_type_of,
+)
 from engine.errors import CheckpointError, quoted
-from engine.limits import MAX_JSON_BYTES, MAX_LAYERS, MAX_TENSORS, MAX_WEIGHT_FILES
+from engine.limits import MAX_JSON_BYTES, MAX_TENSORS, MAX_WEIGHT_FILES
 from engine.safetensors_format import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -32,25 +38,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 EXTRA_CONFIG_FILES = ("generation_config.json",)
-
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_NUMBER_RE = re.compile(r"(?<=\.)\d+(?=\.|$)")
-LAYER_NAME_FORM = "…layers.<n>.…"
-SHOWN_PATTERNS = 5
-_PATTERN_CHARS = 100  # a tensor name in an error message, cut
-
-
-def layer_index(tensor_name: str) -> int | None:
-    """Transformer layer of a tensor from its name (`model.layers.7.mlp...` -> 7), else None."""
-    match = _LAYER_RE.search(tensor_name)
-    return int(match.group(1)) if match else None
-
-
-def name_patterns(names: Iterable[str], limit: int = SHOWN_PATTERNS) -> list[str]:
-    """A few distinct tensor-name shapes (`transformer.h.<n>.mlp.weight`), numbered ones first:
-    a numbered stack that is not recognised as layers is what a reader needs to see."""
-    patterns = {_NUMBER_RE.sub("<n>", name)[:_PATTERN_CHARS] for name in names}
-    return sorted(patterns, key=lambda p: ("<n>" not in p, p))[:limit]
 
 
 @dataclass
@@ -92,8 +79,11 @@ class Checkpoint:
             )
         if not tensors:
             raise CheckpointError.at(path, "checkpoint holds no tensors")
+        if problem := layer_count_problem(config):
+            raise CheckpointError.at(path / "config.json", problem)
         checkpoint = cls(path, config, tensors, files)
-        checkpoint.check_layers()
+        if isinstance(stack := checkpoint.layer_stack, Refusal) and stack.contradiction:
+            raise CheckpointError.at(path, stack.reason)
         return checkpoint
 
     @property
@@ -102,53 +92,28 @@ class Checkpoint:
         return nested if isinstance(nested, dict) else self.config
 
     @property
-    def num_layers(self) -> int:
-        value = self.text_config.get("num_hidden_layers")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise CheckpointError.at(
-                self.path / "config.json", "num_hidden_layers missing or not a positive integer"
-            )
-        if value > MAX_LAYERS:
-            raise CheckpointError.at(
-                self.path / "config.json", f"num_hidden_layers is {value}; at most {MAX_LAYERS}"
-            )
-        return value
-
-    @property
     def model_type(self) -> str:
-        value = self.config.get("model_type")
-        return value[:80] if isinstance(value, str) else "unknown"
+        return model_type_of(self.config)
 
-    def check_layers(self) -> None:
-        """The layer indices in tensor names must be exactly 0..num_hidden_layers-1."""
-        found = {i for name in self.tensors if (i := layer_index(name)) is not None}
-        expected = set(range(self.num_layers))
-        if found and found != expected:
-            missing = sorted(expected - found)
-            raise CheckpointError.at(
-                self.path,
-                f"config says {self.num_layers} layers but tensors name layers "
-                f"{min(found)}..{max(found)} ({len(found)} distinct"
-                + (f"; missing {_listed(missing)})" if missing else ")"),
-            )
+    @cached_property
+    def layer_stack(self) -> LayerStack | Refusal:
+        """The language model's layer stack, or why there is not exactly one (only methods
+        that treat layers differently refuse then; open() refuses a contradiction)."""
+        return find_layer_stack(self.config, self.tensors)
 
-    def require_layers(self, purpose: str) -> None:
-        """Refuse unless tensor names show the layer stack (`…layers.<n>.…`).
+    def require_layers(self, purpose: str) -> LayerStack:
+        """The language model's layer stack; refuse when there is not exactly one.
 
         For what treats layers differently from the rest (a layer swap, per-layer analysis):
-        an unrecognised naming scheme would otherwise make every layer a non-layer tensor and
-        give a wrong result without an error. Open() already made sure that recognised
-        indices are exactly 0..num_hidden_layers-1.
+        an unrecognised layout would otherwise make every layer a non-layer tensor and give a
+        wrong result without an error.
         """
-        if any(layer_index(name) is not None for name in self.tensors):
-            return
-        raise CheckpointError.at(
-            self.path,
-            f"{purpose} needs the transformer layers, but no tensor name has the form "
-            f"{LAYER_NAME_FORM} (model_type {self.model_type!r} names its tensors "
-            f"{', '.join(name_patterns(self.tensors))}, …); this architecture is not "
-            "supported for it",
-        )
+        stack = self.layer_stack
+        if isinstance(stack, Refusal):
+            raise CheckpointError.at(
+                self.path, f"{purpose} needs the language model's layer stack, but {stack.reason}"
+            )
+        return stack
 
     def fd(self, file: Path) -> int:
         """A cached read-only descriptor for one of this checkpoint's weight files."""
@@ -172,11 +137,6 @@ class Checkpoint:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-def _listed(values: list[int], limit: int = 8) -> str:
-    shown = ", ".join(map(str, values[:limit]))
-    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
 
 
 def _read_json(path: Path) -> Any:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 
+from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
 from engine.tensor_io import TORCH_DTYPES, read_elements
+
+# (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
+Compute = Callable[[int, int], torch.Tensor]
 
 
 class Kernels:
@@ -46,16 +51,36 @@ class Kernels:
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
         numel = math.prod(tensor.shape)
-        selections = self._ties_selections(tensor) if tensor.op == "ties" else []
-        ties_left = [top.ties if top else 0 for top in selections]
+        compute = self._computations[tensor.op](tensor)
         step = self.compute_elements
         for start in range(0, numel, step):
             count = min(step, numel - start)
-            if tensor.op == "ties":
-                out = self._ties(tensor, selections, ties_left, start, count)
-            else:
-                out = self._linear(tensor, start, count)
-            yield out.to(TORCH_DTYPES[tensor.dtype]).cpu()
+            yield compute(start, count).to(TORCH_DTYPES[tensor.dtype]).cpu()
+
+    @property
+    def _computations(self) -> dict[str, Callable[[TensorPlan], Compute]]:
+        """Per op: what computes one tensor's chunks (some first read the whole tensor)."""
+        return {
+            "linear": lambda tensor: partial(self._linear, tensor),
+            "ties": self._ties_computation,
+            "weighted_sum": lambda tensor: partial(weighted, self._reader(tensor), tensor),
+            "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
+            "slerp": lambda tensor: (
+                Slerp(self._reader(tensor), tensor, self.selection_elements).chunk
+            ),
+        }
+
+    def _reader(self, tensor: TensorPlan) -> Read:
+        def read(source: int, start: int, count: int) -> torch.Tensor:
+            self.check_cancel()
+            return self._read(source, tensor.name, start, count)
+
+        return read
+
+    def _ties_computation(self, tensor: TensorPlan) -> Compute:
+        selections = self._ties_selections(tensor)
+        ties_left = [top.ties if top else 0 for top in selections]
+        return partial(self._ties, tensor, selections, ties_left)
 
     def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
         """The tensor's output bytes, a chunk at a time, in order (no copies)."""

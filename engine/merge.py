@@ -298,6 +298,7 @@ def _manifest(
         "inputs": inputs.result(),
         "resolved_weights": plan.resolved_weights,
         "plan_digest": plan.digest(),
+        "layer_stack": plan.layer_stack.to_dict() if plan.layer_stack else None,
         "layers": [
             {"layer": r.layer, "origin": r.origin, "made_from": r.terms} for r in plan.layer_rows()
         ],

@@ -17,12 +17,16 @@ METHOD_TAGS = {
     "soup": ["model-soup"],
     "task_arithmetic": ["task-arithmetic"],
     "ties": ["ties"],
+    "linear": ["linear"],
+    "slerp": ["slerp"],
 }
 METHOD_NAMES = {
     "layer_swap": "layer swapping (Bandarkar et al., 2025, arXiv:2410.01335)",
     "soup": "a model soup (weighted average)",
     "task_arithmetic": "task arithmetic",
     "ties": "TIES merging",
+    "linear": "a linear merge (weighted sum, as mergekit's linear)",
+    "slerp": "spherical linear interpolation (SLERP)",
 }
 
 

@@ -12,10 +12,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
 
-Op = Literal["copy", "linear", "ties"]
+# weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
+# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
+Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp"]
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,13 @@ class Plan:
     inputs: tuple[InputRef, ...]
     tensors: tuple[TensorPlan, ...]
     shards: tuple[Shard, ...]
-    num_layers: int
+    num_layers: int | None  # the language model's layers; None when no stack was recognised
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
     ties: TiesSettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -123,12 +127,15 @@ class Plan:
             f"{len(self.shards)} shard(s); "
             f"{sum(t.op == 'copy' for t in self.tensors)} copied verbatim"
         )
+        if self.layer_stack is not None:
+            lines.append(self.layer_stack.describe())
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "num_layers": self.num_layers,
+            "layer_stack": self.layer_stack.to_dict() if self.layer_stack else None,
             "inputs": [asdict(i) for i in self.inputs],
             "config_input": self.config_input,
             "tokenizer_input": self.tokenizer_input,
@@ -143,6 +150,9 @@ class Plan:
         data = self.to_dict()
         for entry in data["inputs"]:
             entry.pop("path")
+        # Follows from the inputs' headers, and every tensor's layer is digested already:
+        # leaving it out keeps the digest of plans made before it was recorded.
+        data.pop("layer_stack")
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(canonical).hexdigest()
 

@@ -5,13 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.checkpoint import Checkpoint, layer_index
+from engine.architectures import LayerStack
+from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import BUILDERS, Inputs, MethodPlan
 from engine.plan import InputRef, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
-from engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe, named_sources
+from engine.recipe import (
+    LayerSwapRecipe,
+    LinearRecipe,
+    Recipe,
+    SlerpRecipe,
+    SoupRecipe,
+    named_sources,
+)
 from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.validate import check_compatible
 
@@ -19,6 +27,8 @@ Resolver = Callable[[str], Path]
 # Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
 # float32 temporaries (reused by the allocator from chunk to chunk) stay in the tens of MB.
 DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
+# Recipes whose base is optional: one given but unused earns a warning.
+OPTIONAL_BASE = (LayerSwapRecipe, SoupRecipe, LinearRecipe, SlerpRecipe)
 
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
@@ -63,20 +73,25 @@ def _assemble(
     primary = checkpoints[method.config_input]
     order = sorted(primary.tensors.values(), key=lambda t: (str(t.file), t.start))
     warnings: list[str] = []
-    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings) for info in order)
+    # Methods that need layers required the stack already; for the others it only labels the
+    # provenance rows, and a checkpoint without one is merged all the same.
+    found = primary.layer_stack
+    stack = found if isinstance(found, LayerStack) else None
+    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings, stack) for info in order)
     plan = Plan(
         method=recipe.method,
         inputs=tuple(refs),
         tensors=tensors,
         shards=_shards(tensors, recipe.output.shard_bytes),
-        num_layers=primary.num_layers,
+        num_layers=stack.count if stack else None,
         config_input=method.config_input,
         tokenizer_input=method.tokenizer_input,
         ties=method.ties,
         resolved_weights=method.resolved_weights,
         warnings=warnings,
+        layer_stack=found,
     )
-    if isinstance(recipe, SoupRecipe | LayerSwapRecipe) and recipe.base is not None:
+    if isinstance(recipe, OPTIONAL_BASE) and recipe.base is not None:
         used = {t.source for p in tensors for t in p.terms}
         if (base := len(refs) - 1) not in used and not _needs_magnitude(recipe):
             warnings.append(f"base {refs[base].source} is not used by this recipe")
@@ -91,12 +106,18 @@ def _needs_magnitude(recipe: Recipe) -> bool:
 
 
 def _tensor(
-    recipe: Recipe, name: str, primary: Checkpoint, method: MethodPlan, warnings: list[str]
+    recipe: Recipe,
+    name: str,
+    primary: Checkpoint,
+    method: MethodPlan,
+    warnings: list[str],
+    stack: LayerStack | None,
 ) -> TensorPlan:
     info = primary.tensors[name]
-    layer = layer_index(name)
+    layer = stack.layer_of(name) if stack else None
     op, terms, origin = method.rule(name, layer)
-    terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
+    if op == "linear":  # other ops read every term: mergekit's arithmetic keeps 0·x
+        terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
     if info.dtype not in FLOAT_DTYPES:
         # Integer/bool buffers cannot be averaged: take them from the dominant input.
         source = method.ties.base if method.ties else max(terms, key=lambda t: t.coefficient).source

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from engine.errors import RecipeError
+from engine.gradients import Setting
 
 Source = Annotated[
     str,
@@ -238,12 +239,63 @@ class TiesRecipe(_Strict):
         return self
 
 
+class LinearParams(_Strict):
+    weights: (
+        Literal["uniform"] | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS)]
+    ) = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
+    )
+    normalize: bool = Field(True, description="divide by the sum of the weights")
+
+
+class LinearRecipe(_Strict):
+    """mergekit's `linear`: Σ w_i·T_i, divided by Σ w_i with `normalize`."""
+
+    method: Literal["linear"]
+    base: Source | None = Field(None, description="not used; accepted as by soup")
+    models: list[Source] = Field(min_length=2, max_length=MAX_MODELS)
+    params: LinearParams = LinearParams()
+    output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        weights = self.params.weights
+        if isinstance(weights, list) and len(weights) != len(self.models):
+            raise ValueError(
+                f"params.weights has {len(self.params.weights)} entries for "
+                f"{len(self.models)} models"
+            )
+        return self
+
+
+class SlerpParams(_Strict):
+    t: Setting = Field(
+        0.5,
+        description="0 = models[0], 1 = models[1]: a number, a gradient across layers "
+        "([0, 0.5, 1]) or {filter, value}s (filter: self_attn, mlp, ...)",
+    )
+
+
+class SlerpRecipe(_Strict):
+    """mergekit's `slerp`, with models[0] as its base_model."""
+
+    method: Literal["slerp"]
+    base: Source | None = Field(None, description="not used; accepted as by soup")
+    models: list[Source] = Field(min_length=2, max_length=2)
+    params: SlerpParams = SlerpParams()
+    output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
+
+
 Recipe = Annotated[
-    LayerSwapRecipe | SoupRecipe | TaskArithmeticRecipe | TiesRecipe,
+    LayerSwapRecipe | SoupRecipe | TaskArithmeticRecipe | TiesRecipe | LinearRecipe | SlerpRecipe,
     Field(discriminator="method"),
 ]
 _ADAPTER: TypeAdapter[Recipe] = TypeAdapter(Recipe)
-METHODS = ("layer_swap", "soup", "task_arithmetic", "ties")
+METHODS = ("layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp")
 
 
 def parse_recipe(data: Any) -> Recipe:

@@ -17,5 +17,7 @@ echo "== import-linter (pyproject.toml: the direction of dependency)"
 .venv/bin/lint-imports
 echo "== docs"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
+echo "== mergekit 0.1.5 for the parity tests (bench/setup.sh: idempotent)"
+bash "$ROOT/bench/setup.sh"
 echo "== pytest"
 .venv/bin/python -m pytest "$@"

@@ -12,7 +12,14 @@ from pydantic_core import to_json
 from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
-from engine.recipe import LayerSwapRecipe, SoupRecipe, TaskArithmeticRecipe, TiesRecipe
+from engine.recipe import (
+    LayerSwapRecipe,
+    LinearRecipe,
+    SlerpRecipe,
+    SoupRecipe,
+    TaskArithmeticRecipe,
+    TiesRecipe,
+)
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -49,9 +56,18 @@ class TiesMerge(TiesRecipe, _Evaluated):
     pass
 
 
+class LinearMerge(LinearRecipe, _Evaluated):
+    pass
+
+
+class SlerpMerge(SlerpRecipe, _Evaluated):
+    pass
+
+
 # A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
 MergeRequest = Annotated[
-    LayerSwapMerge | SoupMerge | TaskArithmeticMerge | TiesMerge, Field(discriminator="method")
+    LayerSwapMerge | SoupMerge | TaskArithmeticMerge | TiesMerge | LinearMerge | SlerpMerge,
+    Field(discriminator="method"),
 ]
 
 

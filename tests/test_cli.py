@@ -121,9 +121,10 @@ def test_dry_run_prints_table_and_writes_nothing(swap_yaml: Path, tmp_path: Path
             "params.density",
         ),
         ({"method": "dare", "models": ["a", "b"]}, "method"),
+        ({"method": "slerp", "models": ["a"], "params": {"t": 0.5}}, "models"),
         (["not", "a", "mapping"], "recipe"),
     ],
-    ids=["unknown-key", "missing-base", "density", "method", "non-mapping"],
+    ids=["unknown-key", "missing-base", "density", "method", "slerp-one-model", "non-mapping"],
 )
 def test_invalid_recipe_one_line_error(recipe: Any, field: str, tmp_path: Path) -> None:
     path = write_recipe(tmp_path / "bad.yaml", recipe)

@@ -34,6 +34,7 @@ from core.integrations.mlflow_registry import add_scores
 from core.lineage import content_digest, get_or_create_artifact
 from core.settings import Settings
 from core.sources import resolve_source
+from engine.architectures import configured_layer_count
 from engine.digests import file_sha256
 from engine.errors import EngineError
 from engine.recipe import LayerSwapRecipe
@@ -292,7 +293,7 @@ def _artifact_for(
             location=location,
             files=files,
             architecture=config.get("model_type"),
-            num_layers=config.get("num_hidden_layers"),
+            num_layers=configured_layer_count(config),
         )
         return artifact.id
 
@@ -356,7 +357,7 @@ def _in_memory_target(
             files={},
             kind="in_memory",
             architecture=getattr(config, "model_type", None),
-            num_layers=getattr(config, "num_hidden_layers", None),
+            num_layers=configured_layer_count(config.to_dict()),
         )
         return Target(artifact.id, None, built.digest, built)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from engine.checkpoint import layer_index
+from engine.architectures import Refusal, find_layer_stack
 
 Arch = Literal["llama", "qwen2", "mistral", "gemma"]
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3
@@ -126,10 +126,13 @@ def _perturb(
     generator = torch.Generator().manual_seed(seed)
     fallback = float(getattr(model.config, "initializer_range", 0.02) or 0.02)
     params = dict(model.named_parameters())  # shared (tied) parameters appear once
+    stack = find_layer_stack(model.config.to_dict(), params)
+    if isinstance(stack, Refusal):
+        raise ValueError(stack.reason)
     with torch.no_grad():
         for name in sorted(params):
             param = params[name]
-            layer = layer_index(name)
+            layer = stack.layer_of(name)
             scale = non_layer_scale if layer is None else layer_scale[layer]
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
             if scale == 0.0:

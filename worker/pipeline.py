@@ -32,6 +32,7 @@ from core.lineage import InputLink, content_digest, get_or_create_artifact, link
 from core.quota import space_reserver
 from core.settings import Settings
 from core.webhooks.outbox import artifact_published
+from engine.architectures import configured_layer_count
 from engine.errors import (
     DiskFull,
     EngineError,
@@ -268,7 +269,7 @@ def _output_artifact(session: Session, job: Job, made: _MergeOutput) -> Artifact
         location=made.out_dir,
         files=made.result.files,
         architecture=config.get("model_type"),
-        num_layers=config.get("num_hidden_layers"),
+        num_layers=configured_layer_count(config),
         size_bytes=stored_size(made.out_dir, made.result.files),
     )
     if made.published and made.published not in (output.published or []):
@@ -366,7 +367,7 @@ def _input_links(
             location=location,
             files=entry["files"],
             architecture=config.get("model_type"),
-            num_layers=config.get("num_hidden_layers"),
+            num_layers=configured_layer_count(config),
         )
         links.append(InputLink(artifact, entry["role"], entry["label"], _weight(entry, weights)))
     return links

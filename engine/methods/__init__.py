@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from engine.methods.base import Inputs, MethodPlan
 from engine.methods.layer_swap import plan_layer_swap
+from engine.methods.linear import plan_linear
+from engine.methods.slerp import plan_slerp
 from engine.methods.soup import plan_soup
 from engine.methods.task_arithmetic import plan_task_arithmetic
 from engine.methods.ties import plan_ties
@@ -15,6 +17,8 @@ BUILDERS: dict[str, Callable[..., MethodPlan]] = {
     "soup": plan_soup,
     "task_arithmetic": plan_task_arithmetic,
     "ties": plan_ties,
+    "linear": plan_linear,
+    "slerp": plan_slerp,
 }
 
 __all__ = ["BUILDERS", "Inputs", "MethodPlan"]

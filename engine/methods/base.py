@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
+from engine.gradients import Condition, Setting
 from engine.plan import InputRef, Op, Term, TiesSettings
 from engine.progress import CancelCheck
 
@@ -74,3 +75,20 @@ def inverse_normalized(magnitudes: Sequence[float]) -> list[float]:
 
 def terms(indices: Sequence[int], coefficients: Sequence[float], scale: float = 1.0) -> list[Term]:
     return [Term(i, scale * c) for i, c in zip(indices, coefficients, strict=True)]
+
+
+def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting]) -> int:
+    """The layers a gradient spreads over; a checkpoint without a known stack is refused only
+    when some setting is a gradient (a scalar or filters need no layers)."""
+    if not any(_has_gradient(s) for s in settings):
+        return 1
+    return inputs.checkpoints[0].require_layers(method).count
+
+
+def _has_gradient(setting: Setting) -> bool:
+    if isinstance(setting, float | int):
+        return False
+    values = [c.value if isinstance(c, Condition) else c for c in setting]
+    return any(isinstance(v, list) for v in values) or not any(
+        isinstance(c, Condition) for c in setting
+    )

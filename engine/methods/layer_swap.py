@@ -75,10 +75,10 @@ def _transition_weights(
 
 
 def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
-    for checkpoint in inputs.checkpoints:  # never a layer stack taken for non-layer tensors
-        checkpoint.require_layers(recipe.method)
+    # Never a layer stack taken for non-layer tensors (a vision tower's follow non_layer).
+    stacks = [checkpoint.require_layers(recipe.method) for checkpoint in inputs.checkpoints]
     q = recipe.params
-    num_layers = inputs.checkpoints[0].num_layers
+    num_layers = stacks[0].count
     check_fits(recipe, num_layers)
     task, language = inputs.indices("task"), inputs.indices("language")
     task_soup, language_soup = _expert_soup(q, inputs, task), _expert_soup(q, inputs, language)

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from core.db.models import Job, JobEvent, as_utc, utcnow
 from engine.recipe import (
     LayerSwapParams,
+    LinearParams,
+    SlerpParams,
     SoupParams,
     TaskArithmeticParams,
     TiesParams,
@@ -32,6 +34,8 @@ METHOD_DOCS: dict[str, tuple[str, type[Any], str]] = {
     "soup": ("models", SoupParams, "weighted average of checkpoints"),
     "task_arithmetic": ("models", TaskArithmeticParams, "base + λ Σ w_i (T_i − base)"),
     "ties": ("models", TiesParams, "trim, elect sign, disjoint merge (Yadav et al. 2023)"),
+    "linear": ("models", LinearParams, "mergekit's linear: Σ w_i T_i (÷ Σ w_i with normalize)"),
+    "slerp": ("models", SlerpParams, "spherical interpolation of two models by t, per tensor"),
 }
 
 

@@ -24,6 +24,7 @@ from core.hub.refs import is_hub_source, parse_hub_source
 from core.kinds import MERGE_EXTRAS
 from core.settings import Settings
 from core.sources import resolve_source
+from engine.architectures import configured_layer_count
 from engine.errors import EngineError
 from engine.recipe import parse_recipe
 from service.preflight import check_headers
@@ -275,8 +276,8 @@ def _with_pins(spec: SweepCreate, pins: dict[str, Any]) -> SweepCreate:
 
 
 def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[str, Any]) -> int:
-    """The depth presets are scaled to: the first task expert's num_hidden_layers (the
-    recipes' checks make sure every expert of a pair agrees)."""
+    """The depth presets are scaled to: the first task expert's language-model layer count
+    (the recipes' checks make sure every expert of a pair agrees)."""
     first = spec.task_experts[0]
     if first in pins:
         config_file = _hub_config(pins[first], spec, settings, tenant)
@@ -285,14 +286,12 @@ def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[s
         config_file = Path(path) / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
-        layers = config.get("num_hidden_layers") or config.get("text_config", {}).get(
-            "num_hidden_layers"
-        )
-    except (OSError, ValueError, AttributeError):
+        layers = configured_layer_count(config) if isinstance(config, dict) else None
+    except (OSError, ValueError):
         layers = None
-    if not isinstance(layers, int) or layers <= 0:
+    if layers is None:
         raise InvalidRequest(
-            "task_experts.0: no num_hidden_layers in its config.json",
+            "task_experts.0: no layer count in its config.json",
             details={"field": "task_experts.0"},
         )
     return layers

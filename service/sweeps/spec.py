@@ -91,7 +91,7 @@ def short_name(source: str) -> str:
 class Baseline(_Strict):
     """Another method on the same pairs (`models` = [task, language]), or the experts alone."""
 
-    method: Literal["soup", "ties", "task_arithmetic", "experts"]
+    method: Literal["soup", "ties", "task_arithmetic", "linear", "slerp", "experts"]
     params: dict[str, Any] = Field(default_factory=dict, max_length=16)
 
 

@@ -158,7 +158,6 @@ def test_missing_config(llama: Family, run_merge: Any, tmp_path: Path) -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "JSON object"),
-        ('{"model_type": "llama"}', "num_hidden_layers"),
         ('{"model_type": "llama", "num_hidden_layers": 4}', "4 layers"),
     ],
 )
@@ -172,6 +171,28 @@ def test_bad_config(
     )
     assert str(bad) in error.message
     assert expected in error.message
+
+
+def test_a_config_without_a_layer_count_stops_only_a_layer_swap(
+    llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """Only methods that treat layers differently need a layer count."""
+    copies = [
+        broken_copy(src, tmp_path / n) for src, n in ((llama.task, "t"), (llama.language, "l"))
+    ]
+    for copy in copies:
+        config = json.loads((copy / "config.json").read_text())
+        del config["num_hidden_layers"]
+        (copy / "config.json").write_text(json.dumps(config))
+    experts = {"task": [copies[0]], "language": [copies[1]]}
+    error = expect_checkpoint_error(
+        run_merge, {"method": "layer_swap", "experts": experts}, tmp_path / "out"
+    )
+    assert "model_type 'llama': config.json has no layer count (looked for num_hidden_layers)" in (
+        error.message
+    )
+    result = run_merge({"method": "soup", "models": copies})
+    assert result.manifest["layer_stack"]["rule"] == "none"
 
 
 def test_missing_directory_and_no_weights(llama: Family, run_merge: Any, tmp_path: Path) -> None:

@@ -1,16 +1,16 @@
-"""Layers the engine cannot see by name: a layer swap refuses them instead of averaging them.
+"""Finding the language model's layers when the family table does not list the model.
 
-Falcon names its layers `transformer.h.<n>`; the engine recognises `…layers.<n>.…`. A method
-that treats layers differently must then stop with an error naming the tensors it saw, while
-methods that merge every tensor alike keep working. The Falcon checkpoints are real ones, saved
-by transformers' FalconForCausalLM.
+A checkpoint of an unlisted `model_type` is inferred from its tensor names: the one group
+`<prefix>.<n>.…` numbered 0..L-1, L its configured layer count. A method that treats layers
+differently refuses, naming what it saw, when that is not exactly one group; methods that merge
+every tensor alike keep working, with or without a layer count. The checkpoints here are
+written by hand (no transformers class knows them).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,97 +22,164 @@ from engine.analysis import analyze
 from engine.errors import CheckpointError
 from tests.conftest import Family
 from tests.helpers import leftovers, write_recipe
-from tests.reference import assert_equal, combine, load
+from tests.reference import assert_equal, combine, load, swap_region
 from tests.test_cli import layerswap
 
-FALCON_LAYERS = 3
+LAYERS = 4
+SWAP = {"bottom": 1, "bottom_transition": 1, "top": 1}
 
 
-@dataclass(frozen=True)
-class Falcon:
-    base: Path
-    task: Path
-    language: Path
+def save_custom(out: Path, seed: int, stacks: tuple[str, ...], config: dict[str, Any]) -> Path:
+    """A checkpoint of an unlisted family: embeddings, LAYERS layers per stack, a head."""
+    generator = torch.Generator().manual_seed(seed)
 
+    def tensor(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(torch.bfloat16)
 
-def save_falcon(out: Path, seed: int) -> Path:
-    from transformers import FalconConfig, FalconForCausalLM
-
-    torch.manual_seed(seed)
-    config = FalconConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=FALCON_LAYERS, num_attention_heads=4
-    )
-    FalconForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tensors = {"embed.weight": tensor(16, 8), "head.weight": tensor(16, 8)}
+    for stack in stacks:
+        for i in range(LAYERS):
+            tensors[f"{stack}.{i}.attn.weight"] = tensor(8, 8)
+            tensors[f"{stack}.{i}.norm.weight"] = tensor(8)
+            tensors[f"{stack}.{i}.experts.{i % 2}.weight"] = tensor(8, 8)  # numbered inside
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({"model_type": "tinyblocks", **config}))
     return out
 
 
-@pytest.fixture(scope="module")
-def falcon(tmp_path_factory: pytest.TempPathFactory) -> Falcon:
-    root = tmp_path_factory.mktemp("falcon")
-    names = [f.name for f in fields(Falcon)]
-    return Falcon(*(save_falcon(root / name, seed) for seed, name in enumerate(names)))
+def pair(root: Path, stacks: tuple[str, ...], config: dict[str, Any]) -> tuple[Path, Path]:
+    return save_custom(root / "task", 1, stacks, config), save_custom(
+        root / "language", 2, stacks, config
+    )
 
 
 def swap(task: Path, language: Path) -> dict[str, Any]:
-    return {
-        "method": "layer_swap",
-        "experts": {"task": [task], "language": [language]},
-        "params": {"bottom": 1, "top": 1},
-    }
+    experts = {"task": [task], "language": [language]}
+    return {"method": "layer_swap", "experts": experts, "params": SWAP}
 
 
-def test_the_fixture_is_a_real_falcon_with_unrecognised_layer_names(falcon: Falcon) -> None:
-    names = set(load_file(str(falcon.task / "model.safetensors")))
-    assert "transformer.h.0.self_attention.query_key_value.weight" in names
-    assert not any(".layers." in name for name in names)
-    config = json.loads((falcon.task / "config.json").read_text())
-    assert (config["model_type"], config["num_hidden_layers"]) == ("falcon", FALCON_LAYERS)
-
-
-def test_a_layer_swap_of_falcon_is_refused_naming_its_tensors(
-    falcon: Falcon, run_merge: Any, tmp_path: Path
+def test_an_unlisted_family_with_blocks_is_inferred_and_swapped(
+    run_merge: Any, tmp_path: Path
 ) -> None:
+    task, language = pair(tmp_path, ("blocks",), {"num_layers": LAYERS})
+    result = run_merge(swap(task, language))
+    inputs = {"task": load(task), "language": load(language)}
+    out = load(result.out_dir)
+    assert set(out) == set(inputs["task"])
+    for name, t in inputs["task"].items():
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            origin = swap_region(int(parts[1]), LAYERS, 1, 1, 1, 0)
+        else:
+            origin = "transition"  # non-layer: the average, as a transition layer is
+        if origin == "transition":
+            expected = combine([0.5, 0.5], [t, inputs["language"][name]]).to(t.dtype)
+        else:
+            expected = inputs[origin][name]
+        assert_equal(out[name], expected, name)
+    stack = result.manifest["layer_stack"]
+    assert stack["rule"] == "inferred from tensor names"
+    assert (stack["prefix"], stack["count"], stack["count_key"]) == ("blocks", 4, "num_layers")
+
+
+def test_the_dry_run_says_which_rule_found_the_layers(tmp_path: Path) -> None:
+    task, language = pair(tmp_path, ("blocks",), {"num_layers": LAYERS})
+    recipe = write_recipe(tmp_path / "swap.yaml", swap(task, language))
+    proc = layerswap("merge", recipe, "--out", tmp_path / "out", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "layers: blocks.<n> × 4 (inferred from tensor names" in proc.stdout
+
+
+def test_two_candidate_stacks_are_refused_naming_them(run_merge: Any, tmp_path: Path) -> None:
+    task, language = pair(tmp_path, ("encoder.blocks", "decoder.blocks"), {"n_layer": LAYERS})
     out = tmp_path / "out"
     with pytest.raises(CheckpointError) as info:
-        run_merge(swap(falcon.task, falcon.language), out)
-    error = info.value
-    assert error.code == "invalid_checkpoint"
-    assert error.details["path"] == str(falcon.task)
-    assert "layer_swap needs the transformer layers" in error.message
-    assert "transformer.h.<n>.input_layernorm.weight" in error.message  # the names it saw
-    assert "'falcon'" in error.message
-    assert "\n" not in error.message
+        run_merge(swap(task, language), out)
+    message = info.value.message
+    assert info.value.details["path"] == str(task)
+    assert "layer_swap needs the language model's layer stack" in message
+    assert "'tinyblocks' is not in the family table" in message
+    assert "decoder.blocks.<n>., encoder.blocks.<n>." in message
+    assert "\n" not in message
     assert leftovers(out) == []
 
 
-def test_the_cli_refuses_a_falcon_layer_swap_in_one_line(falcon: Falcon, tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path / "swap.yaml", swap(falcon.task, falcon.language))
+def test_the_cli_refuses_an_ambiguous_layer_swap_in_one_line(tmp_path: Path) -> None:
+    task, language = pair(tmp_path, ("encoder.blocks", "decoder.blocks"), {"n_layer": LAYERS})
+    recipe = write_recipe(tmp_path / "swap.yaml", swap(task, language))
     out = tmp_path / "merged"
     proc = layerswap("merge", recipe, "--out", out, "-q", "--no-fsync", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr  # no traceback
     assert lines[0].startswith("layerswap: error [invalid_checkpoint]")
-    assert str(falcon.task) in lines[0]
-    assert "transformer.h.<n>." in lines[0]
+    assert "encoder.blocks.<n>." in lines[0]
     assert leftovers(out) == []
 
 
-def test_a_soup_of_falcon_still_merges_every_tensor(falcon: Falcon, run_merge: Any) -> None:
-    result = run_merge({"method": "soup", "models": [falcon.task, falcon.language]})
-    inputs = [load(falcon.task), load(falcon.language)]
-    out = load(result.out_dir)
+@pytest.mark.parametrize(
+    ("stacks", "config"),
+    [
+        (("encoder.blocks", "decoder.blocks"), {"n_layer": LAYERS}),
+        (("blocks",), {}),  # no layer count configured
+        (("blocks",), {"num_layers": LAYERS + 1}),  # no group numbers 0..L-1
+    ],
+    ids=["two-stacks", "no-count", "count-matches-no-group"],
+)
+def test_a_soup_merges_whatever_the_layers(
+    stacks: tuple[str, ...], config: dict[str, Any], run_merge: Any, tmp_path: Path
+) -> None:
+    task, language = pair(tmp_path, stacks, config)
+    result = run_merge({"method": "soup", "models": [task, language]})
+    inputs, out = [load(task), load(language)], load(result.out_dir)
     assert set(out) == set(inputs[0])
     for name, first in inputs[0].items():
-        expected = combine([0.5, 0.5], [m[name] for m in inputs]).to(first.dtype)
-        assert_equal(out[name], expected, name)
+        assert_equal(out[name], combine([0.5, 0.5], [m[name] for m in inputs]).to(first.dtype))
+    assert result.manifest["layer_stack"]["rule"] == "none"
+    assert result.manifest["layers"] == [
+        {"layer": "non-layer", "origin": "soup", "made_from": "0.5×models[0] + 0.5×models[1]"}
+    ]
 
 
-def test_a_delta_analysis_of_falcon_is_refused(falcon: Falcon) -> None:
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({}, "no layer count (looked for text_config.num_hidden_layers"),
+        ({"num_layers": LAYERS + 1}, "no group of tensor names <prefix>.<n>. numbers 0..4"),
+    ],
+    ids=["no-count", "no-matching-group"],
+)
+def test_a_layer_swap_without_a_stack_is_refused(
+    config: dict[str, Any], said: str, run_merge: Any, tmp_path: Path
+) -> None:
+    task, language = pair(tmp_path, ("blocks",), config)
     with pytest.raises(CheckpointError) as info:
-        analyze(base=falcon.base, experts=[("task", falcon.task), ("language", falcon.language)])
-    assert "delta analysis needs the transformer layers" in info.value.message
-    assert "transformer.h.<n>." in info.value.message
+        run_merge(swap(task, language), tmp_path / "out")
+    assert said in info.value.message
+    assert "blocks.<n>.attn.weight" in info.value.message  # the names it saw
+
+
+def test_a_listed_family_with_other_names_is_refused(run_merge: Any, tmp_path: Path) -> None:
+    task, language = pair(tmp_path, ("blocks",), {"num_hidden_layers": LAYERS})
+    for checkpoint in (task, language):
+        config = json.loads((checkpoint / "config.json").read_text())
+        (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(CheckpointError) as info:
+        run_merge(swap(task, language), tmp_path / "out")
+    message = info.value.message
+    assert "model_type 'llama' keeps its layers at model.layers.<n>." in message
+    assert "blocks.<n>.attn.weight" in message
+
+
+def test_a_delta_analysis_of_an_ambiguous_checkpoint_is_refused(tmp_path: Path) -> None:
+    stacks = ("encoder.blocks", "decoder.blocks")
+    base = save_custom(tmp_path / "base", 0, stacks, {"n_layer": LAYERS})
+    task, language = pair(tmp_path, stacks, {"n_layer": LAYERS})
+    with pytest.raises(CheckpointError) as info:
+        analyze(base=base, experts=[("task", task), ("language", language)])
+    assert "delta analysis needs the language model's layer stack" in info.value.message
+    assert "encoder.blocks.<n>." in info.value.message
 
 
 def without_layer(source: Path, out: Path, layer: int) -> Path:

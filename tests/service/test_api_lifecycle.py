@@ -565,15 +565,19 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     response = service.client.get("/v1/methods")
     assert response.status_code == 200
     methods = {m["method"]: m for m in response.json()}
-    assert set(methods) == {"layer_swap", "soup", "task_arithmetic", "ties"}
+    assert set(methods) == {"layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp"}
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
         "soup": "optional",
         "task_arithmetic": "required",
         "ties": "required",
+        "linear": "optional",
+        "slerp": "optional",
     }
     assert methods["layer_swap"]["inputs"] == "experts"
-    assert all(methods[m]["inputs"] == "models" for m in ("soup", "task_arithmetic", "ties"))
+    assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
+    assert set(methods["slerp"]["params"]) == {"t"}
+    assert set(methods["linear"]["params"]) == {"weights", "normalize"}
     swap = methods["layer_swap"]["params"]
     assert set(swap) >= {"bottom", "top", "bottom_transition", "top_transition", "non_layer"}
     assert swap["bottom"]["type"] == "integer"

@@ -119,6 +119,16 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
     ),
     ("65 models in a soup", with_(soup(), models=["math"] * 65), "models"),
     (
+        "slerp of three",
+        {"method": "slerp", "models": ["a", "b", "c"], "params": {"t": 0.5}},
+        "models",
+    ),
+    (
+        "linear weight count",
+        {"method": "linear", "models": ["a", "b"], "params": {"weights": [1.0]}},
+        "params.weights",
+    ),
+    (
         "65 task-arithmetic weights",
         {
             "method": "task_arithmetic",

@@ -1,0 +1,34 @@
+"""Spherical linear interpolation between two models, tensor by tensor, as mergekit's `slerp`.
+
+Per tensor: a = models[0], b = models[1], θ the angle between them as flat vectors;
+out = sin((1 − t)θ)/sin θ · a + sin(tθ)/sin θ · b, or (1 − t)·a + t·b when |cos θ| > 0.9995.
+θ needs the whole tensor, so the kernel reads it once for norms and dot before writing
+(kernels.py). `t` may vary by layer (a gradient) or tensor name (filters), as mergekit's does.
+"""
+
+from __future__ import annotations
+
+from engine.errors import RecipeError
+from engine.gradients import position, resolve
+from engine.methods.base import Inputs, MethodPlan, layer_count
+from engine.plan import Op, Term
+from engine.recipe import SlerpRecipe
+
+
+def plan_slerp(recipe: SlerpRecipe, inputs: Inputs) -> MethodPlan:
+    first, second = inputs.indices("model")
+    setting = recipe.params.t
+    num_layers = layer_count(inputs, recipe.method, [setting])
+
+    def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        t = resolve(setting, name=name, at=position(layer, num_layers))
+        if t is None:
+            raise RecipeError.for_field("params.t", f"no filter matches {name}")
+        return "slerp", (Term(first, 1.0 - t), Term(second, t)), "slerp"
+
+    return MethodPlan(
+        rule=rule,
+        config_input=first,
+        tokenizer_input=first,
+        resolved_weights={"t": setting if isinstance(setting, float) else "varies"},
+    )

@@ -1,0 +1,134 @@
+"""linear and slerp against mergekit 0.1.5 on the same checkpoints, every tensor compared.
+
+mergekit runs in .venv-bench (bench/setup.sh) with dtype = out_dtype = the checkpoints' own,
+so both sides widen to float32, compute and round once. Expected: equal bits; at most 1 ulp
+where a reduction (slerp's norms and dot) may sum in another order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import Family
+from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.reference import load
+
+GRADIENT_T = [
+    {"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
+    {"filter": "mlp", "value": [1, 0.5, 0.7, 0.3, 0]},
+    {"value": 0.5},
+]
+
+
+@pytest.fixture(scope="module")
+def unrelated(tmp_path_factory: pytest.TempPathFactory, llama32: Family) -> Path:
+    """A float32 Llama initialised apart from llama32: about 90° from it, far from lerp."""
+    from worker.examples import make_checkpoint
+
+    return make_checkpoint(
+        tmp_path_factory.mktemp("unrelated") / "model", arch="llama", layers=6,
+        dtype=torch.float32, seed=77,
+    )  # fmt: skip
+
+
+def _compare(ours: Path, theirs: Path) -> int:
+    mine, reference = load(ours), load(theirs)
+    assert set(mine) == set(reference)
+    worst = max(ulp_distance(mine[k], reference[k]) for k in mine)
+    print(f"max ulp distance to mergekit: {worst}")
+    return worst
+
+
+def _mergekit_config(
+    method: str, fam: Family, models: list[tuple[str, dict[str, Any]]], dtype: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "merge_method": method,
+        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in models],
+        "dtype": dtype,
+        "out_dtype": dtype,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+@pytest.mark.parametrize(
+    ("weights", "normalize"),
+    [([0.3, 0.6, 0.45], True), ([0.7, -0.2, 0.5], False), ([[1, 0, 2], 0.5, [0.1, 1]], True)],
+    ids=["normalize", "sum", "gradients"],
+)
+def test_linear_equals_mergekit(
+    family_name: str,
+    weights: list[Any],
+    normalize: bool,
+    request: pytest.FixtureRequest,
+    run_merge: Any,
+    tmp_path: Path,
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    names = ["task", "language", "task2"]
+    recipe = {
+        "method": "linear",
+        "models": [getattr(fam, m) for m in names],
+        "params": {"weights": weights, "normalize": normalize},
+    }
+    ours = run_merge(recipe).out_dir
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    config = _mergekit_config(
+        "linear",
+        fam,
+        [(m, {"weight": w}) for m, w in zip(names, weights, strict=True)],
+        dtype,
+        parameters={"normalize": normalize},
+    )
+    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+@pytest.mark.parametrize(
+    ("t", "pair"),
+    [(0.3, ("task", "language")), ([0, 0.5, 1], ("base", "language")),
+     (GRADIENT_T, ("task", "language"))],
+    ids=["scalar", "gradient", "filters"],
+)  # fmt: skip
+def test_slerp_equals_mergekit(
+    family_name: str,
+    t: Any,
+    pair: tuple[str, str],
+    request: pytest.FixtureRequest,
+    run_merge: Any,
+    tmp_path: Path,
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    recipe = {"method": "slerp", "models": [getattr(fam, m) for m in pair], "params": {"t": t}}
+    ours = run_merge(recipe).out_dir
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    config = _mergekit_config(
+        "slerp",
+        fam,
+        [(pair[0], {}), (pair[1], {})],
+        dtype,
+        base_model=str(getattr(fam, pair[0])),
+        parameters={"t": t},
+    )
+    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
+
+
+def test_slerp_far_apart_equals_mergekit(
+    llama32: Family, unrelated: Path, run_merge: Any, tmp_path: Path
+) -> None:
+    recipe = {"method": "slerp", "models": [llama32.base, unrelated], "params": {"t": GRADIENT_T}}
+    ours = run_merge(recipe).out_dir
+    config = {
+        "merge_method": "slerp",
+        "models": [{"model": str(llama32.base)}, {"model": str(unrelated)}],
+        "base_model": str(llama32.base),
+        "parameters": {"t": GRADIENT_T},
+        "dtype": "float32",
+        "out_dtype": "float32",
+    }
+    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
