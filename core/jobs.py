@@ -220,33 +220,18 @@ def list_jobs(
     cursor: str | None,
     limit: int,
 ) -> tuple[list[Job], str | None]:
-    """list_rows as detached Jobs, each with its output artifact loaded."""
-    rows, next_cursor = list_rows(
-        db, tenant=tenant, kind=kind, status=status, artifact=artifact, cursor=cursor, limit=limit
-    )
-    processors = driver_processors(db.engine.dialect)
-    return [job_of(processed(row, processors)) for row in rows], next_cursor
-
-
-def list_rows(
-    db: Database,
-    *,
-    tenant: str,
-    kind: str,
-    status: str | None,
-    artifact: tuple[str, str] | None,  # (direction, artifact id)
-    cursor: str | None,
-    limit: int,
-) -> tuple[list[Sequence[Any]], str | None]:
-    """Newest first; `cursor` continues after the last job of the previous page. Each job is
-    its row with its output artifact's (core/job_rows.py), as the driver hands it back.
+    """Newest first, each a detached Job with its output artifact loaded; `cursor` continues
+    after the last job of the previous page.
 
     Keyset pagination: the page is the first `limit` entries after the cursor's (created_at,
     id) of the index on (tenant_id, kind[, status], created_at, id), read backwards; no page
     costs more than the rows it shows, and jobs submitted meanwhile (newer) never shift it."""
     page = page_query(tenant=tenant, kind=kind, status=status, artifact=artifact,
                       cursor=cursor, limit=limit)  # fmt: skip
-    return page_of(db.engine.dialect, [] if page is None else fetch(db, *page), limit)
+    dialect = db.engine.dialect
+    rows, next_cursor = page_of(dialect, [] if page is None else fetch(db, *page), limit)
+    processors = driver_processors(dialect)
+    return [job_of(processed(row, processors)) for row in rows], next_cursor
 
 
 def page_of(
