@@ -18,6 +18,7 @@ import logging
 import threading
 from collections import defaultdict
 
+import psycopg
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
@@ -114,8 +115,6 @@ class Listener:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        import psycopg
-
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True) as connection:

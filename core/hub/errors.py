@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
+from huggingface_hub import errors as hf
+
 from core.hub.timeouts import HubStalled, install
 from engine.errors import DiskFull, EngineError, is_disk_full
 
@@ -87,8 +89,6 @@ def hub_errors(what: str) -> Iterator[None]:
     """Translate the client's exceptions raised inside into HubErrors about `what` (a repo, a
     file). The client's messages can be long and name URLs; ours are short and never hold a
     token (the client never puts one in a message)."""
-    from huggingface_hub import errors as hf
-
     install()  # every Hub request goes through here: its session is a bounded one
     unreachable: tuple[type[BaseException], ...] = (OSError, *_transport_errors())
     try:

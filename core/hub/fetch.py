@@ -36,6 +36,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from filelock import FileLock
+from huggingface_hub import (
+    get_session,
+    hf_hub_download,
+    hf_hub_url,
+    hf_raise_for_status,
+    try_to_load_from_cache,
+)
+
+# Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
+from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+from tqdm.auto import tqdm
 
 from core.hub.errors import HubError, HubFileMissing, hub_errors, retrying
 from core.hub.pin import PinnedRepo, pin
@@ -366,7 +377,6 @@ def _download(
     pinned: PinnedRepo, name: str, cache_dir: Path, token: str | None, meter: _Meter
 ) -> Path:
     """The whole file, from the client's cache (keyed by commit sha) or downloaded into it."""
-    from huggingface_hub import hf_hub_download
 
     def once() -> Path:
         meter.check()
@@ -386,8 +396,6 @@ def _download(
 
 def _cached(pinned: PinnedRepo, name: str, cache_dir: Path) -> Path | None:
     """The whole file, if the client's cache has it."""
-    from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(
         pinned.repo, name, cache_dir=cache_dir / "files", revision=pinned.sha
     )
@@ -523,11 +531,6 @@ def _range_get(
 ) -> Iterator[Any]:
     """The streamed answer to a GET of bytes first..last (inclusive) of the file; the client's
     errors translated (hub_errors) while it is open."""
-    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
-
-    # Public (documented, in huggingface_hub.utils.__all__); its lazy export hides it from mypy.
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
-
     with hub_errors(f"hf://{pinned.repo}@{pinned.sha}/{name}"):
         headers = build_hf_headers(token=token or False)
         headers["Range"] = f"bytes={first}-{last}"
@@ -563,8 +566,6 @@ class _Meter:
             self.sink(min(self.done, self.total), self.total)
 
     def tqdm_class(self) -> Any:
-        from tqdm.auto import tqdm
-
         meter = self
 
         class Counting(tqdm):  # type: ignore[misc, type-arg]

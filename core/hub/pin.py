@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+
 from core.hub.errors import HubFileMissing, HubNotSafetensors, hub_errors
 from core.hub.refs import HubRef, hub_sources, parse_hub_source, replace_sources
 from engine.recipe import Recipe, parse_recipe, recipe_to_dict
@@ -36,8 +38,6 @@ class PinnedRepo:
 
 def pin(ref: HubRef, token: str | None) -> PinnedRepo:
     """Resolve `ref` to its commit sha now, so a branch moving later changes nothing."""
-    from huggingface_hub import HfApi
-
     with hub_errors(f"hf://{ref.repo}@{ref.revision}"):
         info = HfApi().model_info(
             ref.repo, revision=ref.revision, files_metadata=True, token=token or False
@@ -58,8 +58,6 @@ def pin(ref: HubRef, token: str | None) -> PinnedRepo:
 def _check_readable(pinned: PinnedRepo, token: str | None) -> None:
     """A gated repository shows its file list to anyone; reading a file tells whether the
     credential may actually download (one HEAD request, for config.json)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
     where = f"hf://{pinned.repo}@{pinned.revision}"
     if "config.json" not in pinned.files:
         raise HubFileMissing(f"{where}: no config.json: not a transformers checkpoint")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from huggingface_hub import CommitOperationAdd, HfApi, constants
+
 from core.hub.errors import HubError, hub_errors, retrying
 from engine.digests import file_sha256
 from engine.recipe import HubDestination
@@ -62,8 +64,6 @@ def _retrying(attempt: Callable[[], T], what: str) -> T:
 def _publish_once(
     out_dir: Path, dest: HubDestination, *, token: str | None, job_id: str, digests: dict[str, str]
 ) -> Published:
-    from huggingface_hub import HfApi
-
     api = HfApi(token=token or False)
     where = f"hf://{dest.repo}@{dest.branch}"
     with hub_errors(where):
@@ -96,8 +96,6 @@ def _additions(out_dir: Path, digests: dict[str, str]) -> list[Any]:
     writing it, where known, so the client does not read a multi-GB file again to hash it
     before the upload (an LFS upload is announced by its sha256). The Hub checks the bytes it
     receives against it: an output changed since the merge fails to upload."""
-    from huggingface_hub import CommitOperationAdd
-
     additions = []
     for path in sorted(p for p in out_dir.iterdir() if p.is_file()):
         addition = CommitOperationAdd(path_in_repo=path.name, path_or_fileobj=str(path))
@@ -130,8 +128,6 @@ def _git_blob_id(path: Path) -> str:
 
 
 def _commit_url(repo: str, commit: str) -> str:
-    from huggingface_hub import constants
-
     return f"{constants.ENDPOINT}/{repo}/commit/{commit}"
 
 
@@ -141,8 +137,6 @@ def publish_card(
     """Commit `names` (files of `out_dir`, e.g. an updated README.md) to `repo`@`branch`, unless
     the branch already holds them byte for byte: a retried job adds no second commit. The new
     commit id, or None when there was nothing to commit."""
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     api = HfApi(token=token or False)
     where = f"hf://{repo}@{branch}"
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpcore2
+from huggingface_hub import set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 
 
 class HubStalled(Exception):
@@ -58,8 +60,6 @@ def install() -> None:
         return
     with _install_lock:
         if not _installed:
-            from huggingface_hub import set_client_factory
-
             set_client_factory(_bounded_client)
             _installed = True
 
@@ -68,8 +68,6 @@ def _bounded_client() -> Any:
     """The client's own default session, its connection pools' sockets wrapped. The pools are
     reached through private attributes of httpx2 and httpcore2 (pinned versions); the tests of
     a stuck Hub fail if they move."""
-    from huggingface_hub.utils._http import default_client_factory
-
     client = default_client_factory()
     for transport in [client._transport, *client._mounts.values()]:
         pool = getattr(transport, "_pool", None)
