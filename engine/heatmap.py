@@ -58,6 +58,7 @@ def _draw_expert(fig: Any, ax: Any, result: AnalysisResult, delta: ExpertDelta) 
 
 def plot_heatmap(result: AnalysisResult, path: Path) -> Path:
     """One heatmap per expert: colour = fraction of rows whose MAV exceeds the threshold."""
+    # matplotlib: heavy; loaded when a heatmap is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -57,6 +57,7 @@ _SENTENCES = (
 @functools.cache
 def _tokenizer_json() -> str:
     """Train the tiny BPE tokenizer once per process (so every example shares identical files)."""
+    # tokenizers and transformers: heavy; loaded only when examples are made
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 

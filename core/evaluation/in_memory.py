@@ -56,6 +56,7 @@ def assemble(
     known_digests: dict[Path, str] | None = None,  # Hub LFS files: their sha256 is known
     should_cancel: Callable[[], bool] | None = None,
 ) -> Assembled:
+    # transformers: heavy; loaded by in-memory evaluations only
     from transformers import AutoTokenizer
 
     started = time.monotonic()

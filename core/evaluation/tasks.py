@@ -39,6 +39,7 @@ def local_manager(tasks_dir: Path | None, data_dir: Path) -> Any:
     """Only our tasks (the shipped ones and LAYERSWAP_EVAL_TASKS_DIR's): milliseconds to build.
     The data directory reaches our tasks' loader as metadata."""
     require_lm_eval()
+    # lm_eval: the optional eval extra, loaded when tasks are checked or run
     from lm_eval.tasks import TaskManager
 
     meta = {"layerswap_data_dir": str(data_dir)}

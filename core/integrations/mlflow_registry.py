@@ -63,6 +63,7 @@ def check_configured(settings: Settings) -> None:
 
 
 def _client(settings: Settings) -> Any:
+    # mlflow: an optional integration, loaded once a merge registers a model
     from mlflow.tracking import MlflowClient
 
     uri = settings.mlflow_tracking_uri

@@ -43,6 +43,7 @@ READ_TIMEOUT_S = 5.0  # the http transport's, per read: it ends an abandoned sen
 
 @functools.cache
 def _client(url: str | None, read_timeout_s: float) -> Any:
+    # openlineage: an optional integration, loaded once lineage is configured
     from openlineage.client import OpenLineageClient
 
     if url:

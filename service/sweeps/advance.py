@@ -315,6 +315,7 @@ def suggest(
 ) -> list[LayerSwapParams]:
     """`count` untried configurations from Optuna's TPE sampler, told every finished one
     (seeded by the sweep and by how many were told, so the same state asks the same)."""
+    # optuna: heavy, and only the sweeps that search with it load it
     from optuna.distributions import BaseDistribution, CategoricalDistribution
 
     by_label = {label(p): p for p in candidates}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import hf_hub_download
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -299,8 +300,6 @@ def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[s
 
 def _hub_config(pinned: Any, spec: SweepCreate, settings: Settings, tenant: str) -> Path:
     """config.json of a pinned Hub model, through the Hub cache the workers use."""
-    from huggingface_hub import hf_hub_download
-
     token = token_for(spec.credential, tenant=tenant, credentials=settings.hub_credentials)
     with hub_errors(f"{pinned.source}/config.json"):
         path = hf_hub_download(

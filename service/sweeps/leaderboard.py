@@ -266,6 +266,7 @@ def to_markdown(board: dict[str, Any]) -> str:
 def to_png(board: dict[str, Any], pairs: list[Any]) -> bytes:
     """Score per configuration, one bar per language expert (mean over its pairs), error bars
     from the evaluations' stderr, the experts' own scores as dashed reference lines."""
+    # matplotlib: heavy; loaded when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")

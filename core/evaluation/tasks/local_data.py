@@ -12,6 +12,7 @@ from typing import Any
 
 
 def mgsm(*, language: str, layerswap_data_dir: str | None = None, **_: Any) -> Any:
+    # datasets: heavy (the eval extra); loaded when local task data is read
     import datasets
 
     if not layerswap_data_dir:
