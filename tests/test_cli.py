@@ -320,3 +320,31 @@ def test_merge_device_is_checked_at_start(
     assert result.returncode == 2, result.stderr
     assert "error [invalid_settings]: merge_device:" in result.stderr
     assert problem in result.stderr
+
+
+HELP_PROBE = """
+import sys
+from click.testing import CliRunner
+from layerswap.cli import cli
+result = CliRunner().invoke(cli, ["--help"])
+assert result.exit_code == 0, result.output
+loaded = sorted(m for m in ("fastapi", "celery", "torch", "service", "worker", "core")
+                if m in sys.modules)
+print(result.output)
+print("LOADED", loaded)
+"""
+
+
+def test_help_lists_every_command_without_loading_them() -> None:
+    """`layerswap --help` reads the command table: no command's module (the web framework,
+    Celery, torch) is imported to list them."""
+    from layerswap.cli import COMMANDS, cli
+
+    done = subprocess.run([sys.executable, "-c", HELP_PROBE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout
+    listed = re.findall(r"^  (\w+)\s{2,}(.+)$", done.stdout, flags=re.MULTILINE)
+    assert dict(listed) == {name: line for name, (_, line) in COMMANDS.items()}
+    for name in COMMANDS:  # every entry names a real command of that name
+        command = cli.get_command(None, name)  # type: ignore[arg-type]
+        assert command is not None and command.name == name

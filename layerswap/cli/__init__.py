@@ -14,25 +14,27 @@ import importlib
 
 import click
 
-# command name -> "module:attribute" (a click command or group)
+# command name -> ("module:attribute" of a click command or group, its line in `layerswap --help`)
 COMMANDS = {
-    "merge": "layerswap.cli.merge:merge",
-    "evaluate": "layerswap.cli.evaluate:evaluate",
-    "analyze": "layerswap.cli.analyze:analyze",
-    "examples": "layerswap.cli.analyze:examples",
-    "serve": "layerswap.cli.serve:serve",
-    "worker": "layerswap.cli.serve:worker",
-    "keys": "layerswap.cli.admin:keys",
-    "db": "layerswap.cli.admin:db",
-    "submit": "layerswap.cli.remote:submit",
-    "status": "layerswap.cli.remote:status",
-    "wait": "layerswap.cli.remote:wait",
-    "lineage": "layerswap.cli.remote:lineage",
-}
+    "merge": ("layerswap.cli.merge:merge", "Merge the checkpoints a recipe names."),
+    "evaluate": ("layerswap.cli.evaluate:evaluate", "Evaluate a checkpoint with lm-eval."),
+    "analyze": ("layerswap.cli.analyze:analyze", "Delta analysis of experts against their base."),
+    "examples": ("layerswap.cli.analyze:examples", "Create tiny example checkpoints and recipes."),
+    "serve": ("layerswap.cli.serve:serve", "Run the HTTP API."),
+    "worker": ("layerswap.cli.serve:worker", "Run a Celery worker."),
+    "keys": ("layerswap.cli.admin:keys", "API keys."),
+    "db": ("layerswap.cli.admin:db", "Database schema."),
+    "submit": ("layerswap.cli.remote:submit", "Submit RECIPE to a running service."),
+    "status": ("layerswap.cli.remote:status", "A job's status, stage, progress, output and error."),
+    "wait": ("layerswap.cli.remote:wait", "Follow a job until it ends."),
+    "lineage": ("layerswap.cli.remote:lineage", "The artifacts and jobs an artifact came from."),
+}  # fmt: skip
 
 
 class LazyGroup(click.Group):
-    """A group whose commands are imported from COMMANDS when first looked up."""
+    """A group whose commands are imported from COMMANDS when first looked up; its help lists
+    them from COMMANDS without importing any (importing all of them, the service's and the
+    worker's, took `layerswap --help` from 0.1 s to 2 s)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -40,10 +42,14 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
             return None
-        module, attribute = COMMANDS[cmd_name].split(":")
+        module, attribute = COMMANDS[cmd_name][0].split(":")
         command = getattr(importlib.import_module(module), attribute)
         assert isinstance(command, click.Command)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
