@@ -73,7 +73,7 @@ class Kernels:
     def _reader(self, tensor: TensorPlan) -> Read:
         def read(source: int, start: int, count: int) -> torch.Tensor:
             self.check_cancel()
-            return self._read(source, tensor.name, start, count)
+            return self._read(source, tensor.read_name, start, count)
 
         return read
 
@@ -96,7 +96,7 @@ class Kernels:
     def _linear(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
         acc: torch.Tensor | None = None
         for term in tensor.terms:
-            x = self._read(term.source, tensor.name, start, count)
+            x = self._read(term.source, tensor.read_name, start, count)
             if term.coefficient != 1.0:
                 x.mul_(term.coefficient)
             acc = x if acc is None else acc.add_(x)
@@ -117,8 +117,8 @@ class Kernels:
             for start in range(0, numel, step):
                 self.check_cancel()
                 count = min(step, numel - start)
-                x = self._read(source, tensor.name, start, count)
-                yield x.sub_(self._read(base, tensor.name, start, count)).abs_()
+                x = self._read(source, tensor.read_name, start, count)
+                yield x.sub_(self._read(base, tensor.read_name, start, count)).abs_()
 
         return chunks
 
@@ -145,7 +145,7 @@ class Kernels:
         (where, masked_fill) cost ~20x more per element on CPU. Selecting by multiplying with
         0/1 is exact; the last `+ 0.0` turns a -0.0 sum into +0.0, as masking did."""
         settings = self._ties_settings()
-        base = self._read(settings.base, tensor.name, start, count)
+        base = self._read(settings.base, tensor.read_name, start, count)
         positive, negative, up, down = self._signed_sums(
             tensor, selections, ties_left, base, start, count
         )
@@ -171,7 +171,7 @@ class Kernels:
         positive = negative = up = down = base  # assigned by the first term
         for i, (term, top) in enumerate(zip(tensor.terms, selections, strict=True)):
             c = term.coefficient
-            delta = self._read(term.source, tensor.name, start, count).sub_(base)
+            delta = self._read(term.source, tensor.read_name, start, count).sub_(base)
             if top is not None:
                 ties_left[i] = trim_(delta, top, ties_left[i])
             if c != 1.0:

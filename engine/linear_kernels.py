@@ -45,7 +45,10 @@ def handles(plan: Plan, device: str) -> bool:
         if tensor.op != "linear" or tensor.dtype not in SUPPORTED_DTYPES:
             return False
         for term in tensor.terms:
-            if plan.checkpoints[term.source].tensors[tensor.name].dtype not in SUPPORTED_DTYPES:
+            if (
+                plan.checkpoints[term.source].tensors[tensor.read_name].dtype
+                not in SUPPORTED_DTYPES
+            ):
                 return False
     return True
 
@@ -67,7 +70,7 @@ class LinearKernels:
             count = min(step, numel - start)
             total = acc[:count]
             for i, term in enumerate(tensor.terms):
-                x = self._read_widened(term.source, tensor.name, start, count)
+                x = self._read_widened(term.source, tensor.read_name, start, count)
                 if i == 0:
                     np.multiply(x, np.float32(term.coefficient), out=total)
                 elif term.coefficient == 1.0:

@@ -204,8 +204,8 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
                     directory / name, f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
                 )
             shutil.copyfile(directory / name, staging / name)
-            if name == "config.json" and dtype != "source":
-                _set_config_dtype(staging / name, dtype)
+            if name == "config.json" and (dtype != "source" or plan.config_changes):
+                _edit_config(staging / name, dtype, plan.config_changes)
             written[name] = file_sha256(staging / name)
     _warn_tokenizer_mismatch(plan)
     return written
@@ -216,8 +216,22 @@ def _side_file_sources(config_dir: Path, tokenizer_dir: Path) -> list[tuple[Path
     return copies + [(tokenizer_dir, n) for n in TOKENIZER_FILES]
 
 
-def _set_config_dtype(path: Path, dtype: str) -> None:
+def _edit_config(path: Path, dtype: str, changes: dict[str, Any]) -> None:
+    """Rewrite config.json with the output's dtype (unless "source") and the plan's changes
+    (dotted keys, e.g. text_config.num_hidden_layers)."""
     config = json.loads(path.read_text(encoding="utf-8"))
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        section = config
+        for part in parents:
+            section = section[part]
+        section[key] = value
+    if dtype != "source":
+        _set_config_dtype(config, dtype)
+    _write_json(path, config)
+
+
+def _set_config_dtype(config: dict[str, Any], dtype: str) -> None:
     for section in (config, config.get("text_config")):
         if isinstance(section, dict):
             for key in ("torch_dtype", "dtype"):
@@ -225,7 +239,6 @@ def _set_config_dtype(path: Path, dtype: str) -> None:
                     section[key] = dtype
     if "torch_dtype" not in config and "dtype" not in config:
         config["torch_dtype"] = dtype
-    _write_json(path, config)
 
 
 def _warn_tokenizer_mismatch(plan: Plan) -> None:

@@ -19,6 +19,7 @@ METHOD_TAGS = {
     "ties": ["ties"],
     "linear": ["linear"],
     "slerp": ["slerp"],
+    "passthrough": ["passthrough", "frankenmerge"],
 }
 METHOD_NAMES = {
     "layer_swap": "layer swapping (Bandarkar et al., 2025, arXiv:2410.01335)",
@@ -27,6 +28,7 @@ METHOD_NAMES = {
     "ties": "TIES merging",
     "linear": "a linear merge (weighted sum, as mergekit's linear)",
     "slerp": "spherical linear interpolation (SLERP)",
+    "passthrough": "a passthrough merge (layers of the inputs stacked, as mergekit's slices)",
 }
 
 

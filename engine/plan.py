@@ -38,6 +38,12 @@ class TensorPlan:
     terms: tuple[Term, ...]
     layer: int | None
     origin: str  # provenance label: language, task, transition, average, soup, ...
+    # The inputs' name for it, when the output renames it (passthrough renumbers layers).
+    input_name: str = ""
+
+    @property
+    def read_name(self) -> str:
+        return self.input_name or self.name
 
     @property
     def nbytes(self) -> int:
@@ -88,6 +94,8 @@ class Plan:
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
+    # config.json keys (dotted paths) the output changes: a passthrough's layer count.
+    config_changes: dict[str, Any] = field(default_factory=dict)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -143,6 +151,8 @@ class Plan:
             "resolved_weights": self.resolved_weights,
             "tensors": [_tensor_dict(t) for t in self.tensors],
             "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
+            # only when present, so plans without them keep their digests
+            **({"config_changes": self.config_changes} if self.config_changes else {}),
         }
 
     def digest(self) -> str:
@@ -174,4 +184,5 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "layer": t.layer,
         "origin": t.origin,
         "terms": [[term.source, term.coefficient] for term in t.terms],
+        **({"input_name": t.input_name} if t.input_name else {}),
     }

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from engine.architectures import LayerStack
 from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import BUILDERS, Inputs, MethodPlan
-from engine.plan import InputRef, Plan, Shard, TensorPlan, Term
+from engine.methods.base import Placement
+from engine.plan import InputRef, Op, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
 from engine.recipe import (
     LayerSwapRecipe,
@@ -77,7 +80,16 @@ def _assemble(
     # provenance rows, and a checkpoint without one is merged all the same.
     found = primary.layer_stack
     stack = found if isinstance(found, LayerStack) else None
-    tensors = tuple(_tensor(recipe, info.name, primary, method, warnings, stack) for info in order)
+    if method.placements is not None:
+        tensors = tuple(_placed(recipe, p, checkpoints) for p in method.placements)
+    else:
+        tensors = tuple(
+            _tensor(recipe, info.name, primary, method, warnings, stack) for info in order
+        )
+    changes: dict[str, Any] = {}
+    if stack is not None and method.num_layers is not None:  # the method set a new depth
+        found = stack = replace(stack, count=method.num_layers)
+        changes[stack.count_key] = stack.count
     plan = Plan(
         method=recipe.method,
         inputs=tuple(refs),
@@ -90,6 +102,7 @@ def _assemble(
         resolved_weights=method.resolved_weights,
         warnings=warnings,
         layer_stack=found,
+        config_changes=changes,
     )
     if isinstance(recipe, OPTIONAL_BASE) and recipe.base is not None:
         used = {t.source for p in tensors for t in p.terms}
@@ -127,6 +140,21 @@ def _tensor(
     if op == "linear" and len(terms) == 1 and terms[0].coefficient == 1.0 and dtype == info.dtype:
         op = "copy"
     return TensorPlan(name, info.shape, dtype, op, terms, layer, origin)
+
+
+def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint]) -> TensorPlan:
+    """A tensor taken whole from one input, maybe renamed: a copy unless the dtype changes
+    (integer buffers never do)."""
+    info = checkpoints[placement.source].tensors[placement.input_name]
+    dtype = info.dtype
+    if dtype in FLOAT_DTYPES and recipe.output.dtype != "source":
+        dtype = OUTPUT_DTYPES[recipe.output.dtype]
+    op: Op = "copy" if dtype == info.dtype else "linear"
+    renamed = placement.input_name if placement.input_name != placement.name else ""
+    terms = (Term(placement.source, 1.0),)
+    return TensorPlan(
+        placement.name, info.shape, dtype, op, terms, placement.layer, placement.origin, renamed
+    )
 
 
 def _shards(tensors: tuple[TensorPlan, ...], budget: int) -> tuple[Shard, ...]:

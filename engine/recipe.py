@@ -45,6 +45,7 @@ Credential = Annotated[
 # Each source is opened (and, at submit, its headers read): bounded like every other input.
 MAX_EXPERTS_PER_ROLE = 32
 MAX_MODELS = 64
+MAX_SLICES = 256  # each is a run of layers; MAX_LAYERS bounds their total at plan time
 Weights = Literal["uniform", "magnitude"] | Annotated[list[float], Field(max_length=MAX_MODELS)]
 
 
@@ -290,12 +291,69 @@ class SlerpRecipe(_Strict):
     credential: Credential = None  # for hf:// sources
 
 
+class LayerSource(_Strict):
+    model: Source = Field(description="one of the recipe's models, written as there")
+    layer_range: tuple[int, int] = Field(
+        description="[start, end): its layers start..end-1, as mergekit's layer_range"
+    )
+
+    @field_validator("layer_range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 0 <= value[0] < value[1]:
+            raise ValueError(f"must be [start, end) with 0 <= start < end (got {list(value)})")
+        return value
+
+
+class PassthroughSlice(_Strict):
+    # mergekit's passthrough takes one source per slice; the list keeps its config's shape.
+    sources: list[LayerSource] = Field(min_length=1, max_length=1)
+
+
+class PassthroughParams(_Strict):
+    slices: list[PassthroughSlice] = Field(
+        min_length=1,
+        max_length=MAX_SLICES,
+        description="stacked in order: output layer k is the k-th layer the slices list",
+    )
+
+
+class PassthroughRecipe(_Strict):
+    """mergekit's `passthrough` over `slices`: layers of the models stacked into a new depth."""
+
+    method: Literal["passthrough"]
+    base: None = Field(None, description="not used")
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    params: PassthroughParams  # no default: which layers to stack is the recipe
+    output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
+
+    @model_validator(mode="after")
+    def _sources_are_models(self) -> Self:
+        used = set()
+        for i, piece in enumerate(self.params.slices):
+            model = piece.sources[0].model
+            if model not in self.models:
+                raise ValueError(f"params.slices.{i}.sources.0.model {model!r} is not in models")
+            used.add(model)
+        for i, model in enumerate(self.models):
+            if model not in used:  # opened and checked for nothing
+                raise ValueError(f"models.{i} {model!r} is not used by any of params.slices")
+        return self
+
+
 Recipe = Annotated[
-    LayerSwapRecipe | SoupRecipe | TaskArithmeticRecipe | TiesRecipe | LinearRecipe | SlerpRecipe,
+    LayerSwapRecipe
+    | SoupRecipe
+    | TaskArithmeticRecipe
+    | TiesRecipe
+    | LinearRecipe
+    | SlerpRecipe
+    | PassthroughRecipe,
     Field(discriminator="method"),
 ]
 _ADAPTER: TypeAdapter[Recipe] = TypeAdapter(Recipe)
-METHODS = ("layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp")
+METHODS = ("layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough")
 
 
 def parse_recipe(data: Any) -> Recipe:
@@ -348,7 +406,7 @@ def _is_union_tag(part: str | int) -> bool:
 
 def _mentioned_field(message: str) -> str | None:
     """Model-level checks name their field in the message ('base is required ...')."""
-    match = re.match(r"^(base|params\.\w+|models|experts\.\w+)\b", message)
+    match = re.match(r"^(base|params\.[\w.]*\w|models(?:\.\d+)?|experts\.\w+)\b", message)
     return match.group(1) if match else None
 
 

@@ -179,7 +179,7 @@ def _queue_copy(
     plan: Plan, tensor: TensorPlan, writer: OutputWriter, file: int, offset: int
 ) -> None:
     checkpoint = plan.checkpoints[tensor.terms[0].source]
-    info = checkpoint.tensors[tensor.name]
+    info = checkpoint.tensors[tensor.read_name]
     writer.put_copy(file, offset, checkpoint.fd(info.file), info.start, info.nbytes)
 
 
@@ -209,7 +209,7 @@ def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
         sources.add(plan.ties.base)
     for source in sources:
         checkpoint = plan.checkpoints[source]
-        info = checkpoint.tensors[tensor.name]
+        info = checkpoint.tensors[tensor.read_name]
         os.posix_fadvise(
             checkpoint.fd(info.file), info.start, min(info.nbytes, READ_AHEAD),
             os.POSIX_FADV_WILLNEED,

@@ -58,7 +58,7 @@ def handles(plan: Plan, device: str) -> bool:
         if tensor.op != "ties" or tensor.dtype not in SUPPORTED_DTYPES:
             return False
         sources = {t.source for t in tensor.terms} | {plan.ties.base}
-        dtypes = {plan.checkpoints[source].tensors[tensor.name].dtype for source in sources}
+        dtypes = {plan.checkpoints[source].tensors[tensor.read_name].dtype for source in sources}
         if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:  # one (validate.py checks it)
             return False
     return True
@@ -313,14 +313,14 @@ class TiesKernels:
         (handles()): BF16 as its uint16 bits, F16 widened to float32, F32 as is; the reads
         side by side."""
         sources = [self.settings.base, *(t.source for t in tensor.terms)]
-        infos = [self.plan.checkpoints[s].tensors[tensor.name] for s in sources]
+        infos = [self.plan.checkpoints[s].tensors[tensor.read_name] for s in sources]
         rows = np.empty(
             (len(sources), count), np.uint16 if infos[0].dtype == "BF16" else np.float32
         )
 
         def read(source: int, row: Array) -> None:
             checkpoint = self.plan.checkpoints[source]
-            info = checkpoint.tensors[tensor.name]
+            info = checkpoint.tensors[tensor.read_name]
             if info.dtype != "F16":  # the bytes as they are
                 checkpoint.read_into(info, row.view(np.uint8).data, start * info.itemsize)
                 return

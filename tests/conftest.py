@@ -134,6 +134,26 @@ def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Family:
 
 
 @pytest.fixture(scope="session")
+def gpt2_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two unrelated float32 GPT-2s (`transformer.h`, `n_layer`), 4 layers, tied head."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from worker.examples import make_tokenizer
+
+    root = tmp_path_factory.mktemp("gpt2")
+    config = GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=4, n_head=4)
+    paths = []
+    for name, seed in (("a", 40), ("b", 41)):
+        with torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+        model.save_pretrained(str(root / name))
+        make_tokenizer(root / name)
+        paths.append(root / name)
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="session")
 def gemma_tied(tmp_path_factory: pytest.TempPathFactory) -> Family:
     """bf16 Gemma, 4 layers, tied embeddings: no lm_head.weight in the files."""
     return _family(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from engine.methods.base import Inputs, MethodPlan
 from engine.methods.layer_swap import plan_layer_swap
 from engine.methods.linear import plan_linear
+from engine.methods.passthrough import plan_passthrough
 from engine.methods.slerp import plan_slerp
 from engine.methods.soup import plan_soup
 from engine.methods.task_arithmetic import plan_task_arithmetic
@@ -19,6 +20,7 @@ BUILDERS: dict[str, Callable[..., MethodPlan]] = {
     "ties": plan_ties,
     "linear": plan_linear,
     "slerp": plan_slerp,
+    "passthrough": plan_passthrough,
 }
 
 __all__ = ["BUILDERS", "Inputs", "MethodPlan"]

@@ -54,6 +54,17 @@ class Inputs:
         return values
 
 
+@dataclass(frozen=True)
+class Placement:
+    """One output tensor copied from one input's tensor of (maybe) another name."""
+
+    name: str
+    source: int
+    input_name: str
+    layer: int | None  # in the output
+    origin: str
+
+
 @dataclass
 class MethodPlan:
     rule: Rule
@@ -61,6 +72,10 @@ class MethodPlan:
     tokenizer_input: int
     ties: TiesSettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
+    # A method that changes the model's shape lists every output tensor itself, in order,
+    # instead of a rule over config_input's tensors; and the output's layer count.
+    placements: tuple[Placement, ...] | None = None
+    num_layers: int | None = None
 
 
 def normalized(weights: Sequence[float]) -> list[float]:

@@ -1,0 +1,96 @@
+"""mergekit's `passthrough` over slices: layers of the models, stacked into a new depth.
+
+Output layer k is input layer j of the slice's model, every tensor of it copied and renumbered
+(`model.layers.j.…` -> `model.layers.k.…`). As in mergekit, the tensors before the stack (the
+embeddings) come from the first slice's model and those after it (final norm, head) from the
+last slice's; config.json and the tokenizer come from the first slice's model, with its layer
+count rewritten. Nothing is computed: every tensor is a whole-file-range copy.
+"""
+
+from __future__ import annotations
+
+from engine.architectures import LayerStack
+from engine.errors import CheckpointError, RecipeError
+from engine.limits import MAX_LAYERS
+from engine.methods.base import Inputs, MethodPlan, Placement
+from engine.plan import Op, Term
+from engine.recipe import PassthroughRecipe
+
+# mergekit's architecture files list, per family, the non-layer tensors that follow the stack
+# (post_weights: the final norm and the head); here they are told apart by a name component.
+_AFTER_STACK = frozenset(
+    {"norm", "ln_f", "norm_f", "final_layernorm", "final_layer_norm", "lm_head", "embed_out",
+     "score"}
+)  # fmt: skip
+
+
+def after_stack(name: str) -> bool:
+    """Whether a non-layer tensor follows the layer stack (final norm, head)."""
+    return any(part in _AFTER_STACK for part in name.split("."))
+
+
+def _layers(recipe: PassthroughRecipe, inputs: Inputs) -> list[tuple[int, int]]:
+    """(input, input layer) for each output layer, in order; each range checked against its
+    model's layers."""
+    models = inputs.indices("model")
+    stacked: list[tuple[int, int]] = []
+    for i, piece in enumerate(recipe.params.slices):
+        source = piece.sources[0]
+        model = models[recipe.models.index(source.model)]
+        count = inputs.checkpoints[model].require_layers(recipe.method).count
+        start, end = source.layer_range
+        if end > count:
+            raise RecipeError.for_field(
+                f"params.slices.{i}.sources.0.layer_range",
+                f"[{start}, {end}) is outside {source.model}, which has {count} layers",
+            )
+        stacked += [(model, j) for j in range(start, end)]
+    if len(stacked) > MAX_LAYERS:
+        raise RecipeError.for_field(
+            "params.slices", f"stack {len(stacked)} layers; at most {MAX_LAYERS}"
+        )
+    return stacked
+
+
+def _renamed(name: str, stack: LayerStack, layer: int) -> str:
+    return f"{stack.prefix}.{layer}.{name.removeprefix(stack.prefix + '.').split('.', 1)[1]}"
+
+
+def plan_passthrough(recipe: PassthroughRecipe, inputs: Inputs) -> MethodPlan:
+    stacked = _layers(recipe, inputs)
+    first, last = stacked[0][0], stacked[-1][0]
+    checkpoint = inputs.checkpoints[first]
+    stack = checkpoint.require_layers(recipe.method)  # the inputs share names (validate.py)
+    by_layer: dict[int, list[str]] = {}
+    outside: list[str] = []
+    for info in sorted(checkpoint.tensors.values(), key=lambda t: (str(t.file), t.start)):
+        layer = stack.layer_of(info.name)
+        if layer is None and info.name.startswith(stack.prefix + "."):
+            # numbered past the stack (DeepSeek-V3's multi-token prediction): its index would
+            # no longer follow the new stack
+            raise CheckpointError.at(
+                checkpoint.path, f"passthrough cannot renumber {info.name}, past the layer stack"
+            )
+        (outside if layer is None else by_layer.setdefault(layer, [])).append(info.name)
+    label = inputs.refs
+    placements = [Placement(n, first, n, None, label[first].label) for n in outside
+                  if not after_stack(n)]  # fmt: skip
+    for k, (model, j) in enumerate(stacked):
+        placements += [
+            Placement(_renamed(n, stack, k), model, n, k, f"{label[model].label} layer {j}")
+            for n in by_layer.get(j, [])
+        ]
+    placements += [Placement(n, last, n, None, label[last].label) for n in outside
+                   if after_stack(n)]  # fmt: skip
+
+    def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        raise AssertionError("passthrough places every tensor itself")  # never asked
+
+    return MethodPlan(
+        rule=rule,
+        config_input=first,
+        tokenizer_input=first,
+        resolved_weights={"layers": len(stacked)},
+        placements=tuple(placements),
+        num_layers=len(stacked),
+    )
