@@ -7,6 +7,7 @@ where a reduction (slerp's norms and dot) may sum in another order.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,41 @@ def test_slerp_far_apart_equals_mergekit(
         "out_dtype": "float32",
     }
     assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
+
+
+def _slices_config(slices: list[tuple[Path, int, int]], dtype: str) -> dict[str, Any]:
+    return {
+        "merge_method": "passthrough",
+        "slices": [{"sources": [{"model": str(m), "layer_range": [a, b]}]} for m, a, b in slices],
+        "dtype": dtype,
+        "out_dtype": dtype,
+    }
+
+
+@pytest.mark.parametrize("family_name", ["llama", "gpt2"])
+def test_passthrough_equals_mergekit(
+    family_name: str, request: pytest.FixtureRequest, run_merge: Any, tmp_path: Path
+) -> None:
+    """Deeper and from two models: every tensor's bits, and the output's layer count."""
+    if family_name == "llama":
+        fam: Family = request.getfixturevalue("llama")
+        slices, dtype, key = (
+            [(fam.task, 0, 4), (fam.language, 2, 6)],
+            "bfloat16",
+            "num_hidden_layers",
+        )
+    else:
+        a, b = request.getfixturevalue("gpt2_pair")
+        slices, dtype, key = [(a, 0, 3), (b, 1, 4), (a, 3, 4)], "float32", "n_layer"
+    recipe = {
+        "method": "passthrough",
+        "models": list(dict.fromkeys(str(m) for m, _, _ in slices)),
+        "params": {"slices": [{"sources": [{"model": str(m), "layer_range": [s, e]}]}
+                              for m, s, e in slices]},
+    }  # fmt: skip
+    ours = run_merge(recipe).out_dir
+    theirs = run_mergekit(_slices_config(slices, dtype), tmp_path / "mergekit")
+    assert _compare(ours, theirs) == 0
+    layers = sum(e - s for _, s, e in slices)
+    for out in (ours, theirs):
+        assert json.loads((out / "config.json").read_text())[key] == layers
