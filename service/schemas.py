@@ -15,6 +15,7 @@ from core.kinds import kind_of
 from engine.recipe import (
     LayerSwapRecipe,
     LinearRecipe,
+    PassthroughRecipe,
     SlerpRecipe,
     SoupRecipe,
     TaskArithmeticRecipe,
@@ -64,9 +65,19 @@ class SlerpMerge(SlerpRecipe, _Evaluated):
     pass
 
 
+class PassthroughMerge(PassthroughRecipe, _Evaluated):
+    pass
+
+
 # A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
 MergeRequest = Annotated[
-    LayerSwapMerge | SoupMerge | TaskArithmeticMerge | TiesMerge | LinearMerge | SlerpMerge,
+    LayerSwapMerge
+    | SoupMerge
+    | TaskArithmeticMerge
+    | TiesMerge
+    | LinearMerge
+    | SlerpMerge
+    | PassthroughMerge,
     Field(discriminator="method"),
 ]
 

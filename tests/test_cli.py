@@ -122,9 +122,25 @@ def test_dry_run_prints_table_and_writes_nothing(swap_yaml: Path, tmp_path: Path
         ),
         ({"method": "dare", "models": ["a", "b"]}, "method"),
         ({"method": "slerp", "models": ["a"], "params": {"t": 0.5}}, "models"),
+        (
+            {
+                "method": "passthrough",
+                "models": ["a"],
+                "params": {"slices": [{"sources": [{"model": "a", "layer_range": [3, 1]}]}]},
+            },
+            "params.slices.0.sources.0.layer_range",
+        ),
         (["not", "a", "mapping"], "recipe"),
     ],
-    ids=["unknown-key", "missing-base", "density", "method", "slerp-one-model", "non-mapping"],
+    ids=[
+        "unknown-key",
+        "missing-base",
+        "density",
+        "method",
+        "slerp-one-model",
+        "passthrough-range",
+        "non-mapping",
+    ],
 )
 def test_invalid_recipe_one_line_error(recipe: Any, field: str, tmp_path: Path) -> None:
     path = write_recipe(tmp_path / "bad.yaml", recipe)

@@ -14,6 +14,7 @@ from core.db.models import Job, JobEvent, as_utc, utcnow
 from engine.recipe import (
     LayerSwapParams,
     LinearParams,
+    PassthroughParams,
     SlerpParams,
     SoupParams,
     TaskArithmeticParams,
@@ -36,6 +37,11 @@ METHOD_DOCS: dict[str, tuple[str, type[Any], str]] = {
     "ties": ("models", TiesParams, "trim, elect sign, disjoint merge (Yadav et al. 2023)"),
     "linear": ("models", LinearParams, "mergekit's linear: Σ w_i T_i (÷ Σ w_i with normalize)"),
     "slerp": ("models", SlerpParams, "spherical interpolation of two models by t, per tensor"),
+    "passthrough": (
+        "models",
+        PassthroughParams,
+        "layers of the models stacked by slices into a deeper or shallower model (mergekit's)",
+    ),
 }
 
 
@@ -53,6 +59,8 @@ def methods() -> list[dict[str, Any]]:
                 "inputs": inputs,
                 "base": "required" if name in ("task_arithmetic", "ties") else "optional",
                 "params": schema["properties"],
+                # the params without a default (passthrough's slices): a recipe must give them
+                "required": schema.get("required", []),
                 "definitions": schema.get("$defs", {}),
             }
         )

@@ -565,7 +565,9 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     response = service.client.get("/v1/methods")
     assert response.status_code == 200
     methods = {m["method"]: m for m in response.json()}
-    assert set(methods) == {"layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp"}
+    assert set(methods) == {
+        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough"
+    }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
         "soup": "optional",
@@ -573,11 +575,13 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "ties": "required",
         "linear": "optional",
         "slerp": "optional",
+        "passthrough": "optional",
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
     assert set(methods["slerp"]["params"]) == {"t"}
     assert set(methods["linear"]["params"]) == {"weights", "normalize"}
+    assert set(methods["passthrough"]["params"]) == {"slices"}
     swap = methods["layer_swap"]["params"]
     assert set(swap) >= {"bottom", "top", "bottom_transition", "top_transition", "non_layer"}
     assert swap["bottom"]["type"] == "integer"
@@ -587,10 +591,11 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert density["exclusiveMinimum"] == 0 and density["maximum"] == 1
     assert "lambda" in methods["task_arithmetic"]["params"]  # the name a recipe uses
     assert "weights" in methods["soup"]["params"]
+    assert methods["passthrough"]["required"] == ["slices"]
     for method in methods.values():
         assert method["summary"]
         for name, schema in method["params"].items():
-            assert "default" in schema, (method["method"], name)
+            assert "default" in schema or name in method["required"], (method["method"], name)
 
 
 def test_probes(service: Service) -> None:

@@ -124,6 +124,15 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
         "models",
     ),
     (
+        "passthrough slice of a model not among the inputs",
+        {
+            "method": "passthrough",
+            "models": ["a"],
+            "params": {"slices": [{"sources": [{"model": "b", "layer_range": [0, 2]}]}]},
+        },
+        "params.slices.0.sources.0.model",
+    ),
+    (
         "linear weight count",
         {"method": "linear", "models": ["a", "b"], "params": {"weights": [1.0]}},
         "params.weights",
