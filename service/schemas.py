@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import to_json
@@ -12,15 +12,8 @@ from pydantic_core import to_json
 from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
-from engine.recipe import (
-    LayerSwapRecipe,
-    LinearRecipe,
-    PassthroughRecipe,
-    SlerpRecipe,
-    SoupRecipe,
-    TaskArithmeticRecipe,
-    TiesRecipe,
-)
+from engine.methods import METHODS
+from engine.recipe_parts import RecipeBase
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -41,45 +34,20 @@ class _Evaluated(BaseModel):
     )
 
 
-class LayerSwapMerge(LayerSwapRecipe, _Evaluated):
-    pass
+def _merge_request(recipe: type[RecipeBase]) -> type[RecipeBase]:
+    """A method's recipe schema with the request-only fields (SoupRecipe -> SoupMerge)."""
+    name = recipe.__name__.removesuffix("Recipe") + "Merge"
+    return type(name, (recipe, _Evaluated), {"__module__": __name__, "__doc__": recipe.__doc__})
 
 
-class SoupMerge(SoupRecipe, _Evaluated):
-    pass
-
-
-class TaskArithmeticMerge(TaskArithmeticRecipe, _Evaluated):
-    pass
-
-
-class TiesMerge(TiesRecipe, _Evaluated):
-    pass
-
-
-class LinearMerge(LinearRecipe, _Evaluated):
-    pass
-
-
-class SlerpMerge(SlerpRecipe, _Evaluated):
-    pass
-
-
-class PassthroughMerge(PassthroughRecipe, _Evaluated):
-    pass
-
-
+MERGE_REQUESTS = tuple(_merge_request(m.recipe) for m in METHODS.values())
 # A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
-MergeRequest = Annotated[
-    LayerSwapMerge
-    | SoupMerge
-    | TaskArithmeticMerge
-    | TiesMerge
-    | LinearMerge
-    | SlerpMerge
-    | PassthroughMerge,
-    Field(discriminator="method"),
-]
+if TYPE_CHECKING:
+
+    class MergeRequest(RecipeBase, _Evaluated): ...
+
+else:
+    MergeRequest = Annotated[Union[MERGE_REQUESTS], Field(discriminator="method")]  # noqa: UP007
 
 
 class ErrorBody(BaseModel):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.recipe import LayerSwapParams
+from engine.methods.layer_swap import LayerSwapParams
 from service.sweeps.spec import MAX_SPACE, Baseline, Grid, Pair, SweepCreate
 
 PAPER_LAYERS = 32  # the paper's models (Llama 3.1 8B): presets are stated for this depth

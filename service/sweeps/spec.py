@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.evaluation.spec import EvaluationSpec
+from engine.methods import METHODS
+from engine.methods.layer_swap import LayerSwapParams
 from engine.recipe import (
     HUB_REPO_PATTERN,
     Credential,
     HubDestination,
-    LayerSwapParams,
     Source,
 )
 
@@ -88,11 +89,24 @@ def short_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
+BASELINE_METHODS = tuple(name for name, m in METHODS.items() if m.pair_baseline)
+
+
 class Baseline(_Strict):
     """Another method on the same pairs (`models` = [task, language]), or the experts alone."""
 
-    method: Literal["soup", "ties", "task_arithmetic", "linear", "slerp", "experts"]
+    method: str = Field(
+        description="experts, or a method that runs on a pair with params alone: "
+        + ", ".join(BASELINE_METHODS)
+    )
     params: dict[str, Any] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("method")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value != "experts" and value not in BASELINE_METHODS:
+            raise ValueError(f"must be experts or one of {', '.join(BASELINE_METHODS)}")
+        return value
 
 
 class Objective(_Strict):
