@@ -17,8 +17,9 @@ from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
-# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
-Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp"]
+# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
+# sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning).
+Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp", "sparsify"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,16 @@ class Term:
 
     source: int
     coefficient: float
+
+
+@dataclass(frozen=True)
+class Thinning:
+    """One `sparsify` tensor's amounts, per term (the terms' coefficients are their weights)."""
+
+    densities: tuple[float, ...]  # the fraction of each delta kept (1: all of it)
+    lambda_: float  # scale of the merged delta
+    gammas: tuple[float, ...] = ()  # breadcrumbs: the share of the largest |δ| dropped
+    epsilons: tuple[float, ...] = ()  # DELLA: keep probabilities span density ± epsilon
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,7 @@ class TensorPlan:
     origin: str  # provenance label: language, task, transition, average, soup, ...
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
+    thinning: Thinning | None = None  # for op sparsify
 
     @property
     def read_name(self) -> str:
@@ -64,6 +76,22 @@ class TiesSettings:
     density: float
     lambda_: float
     normalize: bool
+
+
+Dropping = Literal["random", "outliers", "magprune"]
+
+
+@dataclass(frozen=True)
+class SparsifySettings:
+    """How a sparsifying task-vector method thins each delta δᵢ = Tᵢ − base and merges them
+    (engine/methods/sparsify.py); the amounts are per tensor (TensorPlan.thinning)."""
+
+    base: int
+    dropping: Dropping  # DARE's random drop, breadcrumbs' outliers and small ones, DELLA's
+    consensus: bool  # keep only the deltas that agree with the elected sign (TIES)
+    normalize: bool
+    rescale: bool  # scale each thinned delta back to its original L1 norm
+    seed: int | None  # of the random drops (random, magprune)
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,7 @@ class Plan:
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
     ties: TiesSettings | None = None
+    sparsify: SparsifySettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
@@ -101,6 +130,16 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def reads(self, tensor: TensorPlan) -> set[int]:
+        """The inputs a tensor is made from: its terms' and, for TIES and the sparsifying
+        methods, the base the deltas are taken from."""
+        sources = {t.source for t in tensor.terms}
+        if tensor.op == "ties" and self.ties is not None:
+            sources.add(self.ties.base)
+        if tensor.op == "sparsify" and self.sparsify is not None:
+            sources.add(self.sparsify.base)
+        return sources
 
     def describe_terms(self, terms: tuple[Term, ...]) -> str:
         if len(terms) == 1 and terms[0].coefficient == 1.0:
@@ -118,6 +157,9 @@ class Plan:
                 terms = self.describe_terms(t.terms)
                 if t.op == "ties" and self.ties is not None:
                     terms = f"ties(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op == "sparsify" and self.sparsify is not None:
+                    base = self.inputs[self.sparsify.base].label
+                    terms = f"{self.method}(base={base}; {terms})"
                 seen[t.layer] = LayerRow(label, t.origin, terms)
         rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
         if None in seen:
@@ -153,6 +195,7 @@ class Plan:
             "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
             # only when present, so plans without them keep their digests
             **({"config_changes": self.config_changes} if self.config_changes else {}),
+            **({"sparsify": asdict(self.sparsify)} if self.sparsify else {}),
         }
 
     def digest(self) -> str:
@@ -185,4 +228,14 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "origin": t.origin,
         "terms": [[term.source, term.coefficient] for term in t.terms],
         **({"input_name": t.input_name} if t.input_name else {}),
+        **({"thinning": _thinning_dict(t.thinning)} if t.thinning else {}),
     }
+
+
+def _thinning_dict(thinning: Thinning) -> dict[str, Any]:
+    data: dict[str, Any] = {"densities": list(thinning.densities), "lambda": thinning.lambda_}
+    if thinning.gammas:
+        data["gammas"] = list(thinning.gammas)
+    if thinning.epsilons:
+        data["epsilons"] = list(thinning.epsilons)
+    return data

@@ -299,10 +299,7 @@ def _needed_spans(
     try:
         by_input: dict[int, dict[str, list[Span]]] = {}
         for tensor in plan.tensors:
-            sources = {term.source for term in tensor.terms}
-            if tensor.op == "ties" and plan.ties is not None:
-                sources.add(plan.ties.base)
-            for index in sources:
+            for index in plan.reads(tensor):
                 info = plan.checkpoints[index].tensors[tensor.name]
                 spans = by_input.setdefault(index, {}).setdefault(info.file.name, [])
                 spans.append((info.start, info.start + info.nbytes))
