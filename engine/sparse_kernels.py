@@ -304,14 +304,20 @@ def _count(bins: Any, magnitude: Any) -> None:
         bins[exponent] += fraction | (np.uint32(exponent != 0) << np.uint32(23))
 
 
+_LANES = 4  # copies of the bins, taken in turn: neighbours (often of one exponent) do not wait
+# for each other's increment
+
+
 @_jit
 def _l1_bins(model: Array, base: Array, mask: Array, bins: Array, lo: int, hi: int) -> None:
-    """Exact-sum bins (exact_sums.py) of |δ| (bins[0]) and of |δ·mask| (bins[1])."""
+    """Exact-sum bins (exact_sums.py) of |δ| (bins[0]) and of |δ·mask| (bins[1]), each in
+    _LANES copies."""
     model, base, mask = model[lo:hi], base[lo:hi], mask[lo:hi]
     for j in range(hi - lo):
         delta = np.float32(_as_float32(model[j]) - _as_float32(base[j]))
-        _count(bins[0], abs(delta))
-        _count(bins[1], abs(np.float32(delta * np.float32(mask[j]))))
+        lane = j & (_LANES - 1)
+        _count(bins[0, lane], abs(delta))
+        _count(bins[1, lane], abs(np.float32(delta * np.float32(mask[j]))))
 
 
 @_jit
@@ -319,10 +325,12 @@ def _combine(
     base: Array, terms: Array, masks: Array, thinned: Array, scales: Array, weights: Array,
     consensus: bool, normalize: bool, divisor: Any, lambda_: Any, out: Array, lo: int, hi: int,
 ) -> None:  # fmt: skip
-    """base + λ·merge(wᵢ·scaleᵢ·maskᵢ·δᵢ) over elements [lo, hi), block by block."""
+    """base + λ·merge(wᵢ·scaleᵢ·maskᵢ·δᵢ) over elements [lo, hi), block by block; every loop
+    runs over the elements of a block, term by term, so that it vectorises."""
     zero, one = np.float32(0.0), np.float32(1.0)
     count = terms.shape[0]
     b, total = np.empty(_BLOCK, np.float32), np.empty(_BLOCK, np.float32)
+    mixed, agreeing = np.empty(_BLOCK, np.float32), np.empty(_BLOCK, np.float32)
     weighted = np.empty((count, _BLOCK), np.float32)
     for start in range(lo, hi, _BLOCK):
         width = min(_BLOCK, hi - start)
@@ -343,22 +351,28 @@ def _combine(
                 for q in range(width):
                     d[q] = np.float32(np.float32(_as_float32(row[q]) - b[q]) * c)
                     total[q] = np.float32(total[q] + d[q])
+        if consensus:  # the terms whose sign is the total's (zero counts as +, NaN as −)
+            for q in range(width):
+                mixed[q], agreeing[q] = zero, zero
+            for i in range(count):
+                d, c = weighted[i], weights[i]
+                for q in range(width):
+                    up = total[q] >= zero
+                    agree = one if (d[q] > zero if up else d[q] < zero) else zero
+                    mixed[q] = np.float32(mixed[q] + np.float32(d[q] * agree))
+                    agreeing[q] = np.float32(agreeing[q] + np.float32(c * agree))
+            for q in range(width):
+                agreeing[q] = one if agreeing[q] == zero else agreeing[q]
+        else:
+            for q in range(width):
+                mixed[q], agreeing[q] = total[q], divisor
         for q in range(width):
-            mixed, agreeing = total[q], divisor
-            if consensus:
-                up = total[q] >= zero  # zero counts as +; NaN as −
-                mixed, agreeing = zero, zero
-                for i in range(count):
-                    d = weighted[i, q]
-                    agree = one if (d > zero if up else d < zero) else zero
-                    mixed = np.float32(mixed + np.float32(d * agree))
-                    agreeing = np.float32(agreeing + np.float32(weights[i] * agree))
-                agreeing = one if agreeing == zero else agreeing
+            merged = mixed[q]
             if normalize:
-                mixed = np.float32(mixed / agreeing)
+                merged = np.float32(merged / agreeing[q])
             if lambda_ != one:
-                mixed = np.float32(mixed * lambda_)
-            total[q] = np.float32(b[q] + mixed)
+                merged = np.float32(merged * lambda_)
+            total[q] = np.float32(b[q] + merged)
         for q in range(width):  # a loop of its own: it vectorises only alone
             _store(block_out, q, total[q])
 
@@ -498,7 +512,7 @@ class SparseKernels:
         masks: Callable[[int, int], Array],
     ) -> Array:  # fmt: skip
         """Per term: ‖δ‖₁ / ‖kept‖₁ (1 where nothing is dropped or a norm is ~0)."""
-        bins = np.zeros((len(droppers), THREADS, 2, _SUM_BINS), np.int64)
+        bins = np.zeros((len(droppers), THREADS, 2, _LANES, _SUM_BINS), np.int64)
         for start in range(0, numel, step):
             self.check_cancel()
             count = min(step, numel - start)
@@ -510,7 +524,9 @@ class SparseKernels:
         scales = np.ones(len(droppers), np.float32)
         for i, dropper in enumerate(droppers):
             if dropper is not None:
-                full, kept_sum = (rounded_sum(b.tolist(), FLOAT32) for b in bins[i].sum(axis=0))
+                full, kept_sum = (
+                    rounded_sum(b.tolist(), FLOAT32) for b in bins[i].sum(axis=(0, 2))
+                )
                 scales[i] = rescale_factor(full, kept_sum, FLOAT32)
         return scales
 
