@@ -100,6 +100,17 @@ def fill_bits(first: int, k0: int, k1: int, out: Any) -> None:
         out[index - first] = _block(index >> 2, key0, key1)[index & 3]
 
 
+@numba.njit(cache=True)
+def _philox_of(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> Any:
+    u = np.uint64
+    return philox(u(c0), u(c1), u(c2), u(c3), u(k0), u(k1))
+
+
+def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """One Philox4x32-10 block, for checks against published known-answer vectors."""
+    return tuple(int(x) for x in _philox_of(*counter, *key))
+
+
 def random_bits(seed: int, tensor: str, term: int, start: int, count: int) -> npt.NDArray[Any]:
     """The bits (uint32) of elements [start, start + count) of a delta's stream: what decides
     which of its entries a random drop keeps (`bits < p·2³²`)."""
