@@ -448,7 +448,7 @@ class SparseKernels:
         thinned = np.array([d < 1.0 for d in thinning.densities])
         ahead = thinned.any() and (settings.dropping == "outliers" or settings.rescale)
         whole = self._inputs(tensor, 0, numel) if ahead and numel <= self.in_memory else None
-        step = numel if whole is not None else self._step(tensor)
+        step = max(1, numel) if whole is not None else self._step(tensor)
 
         def inputs(start: int, count: int) -> tuple[Array, Array]:
             if whole is None:

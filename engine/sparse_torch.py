@@ -78,16 +78,17 @@ def exact_bins(x: torch.Tensor) -> list[int]:
     special = exponent == top
     index = torch.where(special, top + (fraction != 0).to(torch.int64), exponent)
     weight = torch.where(special, 1, significand)
-    # float64 weights add integers exactly below 2⁵³: 26-bit halves, 2²⁶ elements at a time
-    totals = torch.zeros(fmt.bins, dtype=torch.int64, device=x.device)
-    step = 1 << 26
+    # float64 weights add integers exactly below 2⁵³: a significand (< 2⁵³) in halves below
+    # 2²⁷, 2²⁶ elements at a time; each half's totals in int64, joined as Python integers
+    high = torch.zeros(fmt.bins, dtype=torch.int64, device=x.device)
+    low = torch.zeros_like(high)
+    step, mask = 1 << 26, (1 << 27) - 1
     for at in range(0, x.numel(), step):
         part, where = weight.view(-1)[at : at + step], index.view(-1)[at : at + step]
-        for shift in (26, 0):
-            half = ((part >> shift) & ((1 << 26) - 1)).to(torch.float64)
-            counted = torch.bincount(where, weights=half, minlength=fmt.bins)
-            totals += counted.to(torch.int64) << shift
-    return [int(v) for v in totals.cpu().tolist()]
+        for total, half in ((high, part >> 27), (low, part & mask)):
+            counted = torch.bincount(where, weights=half.to(torch.float64), minlength=fmt.bins)
+            total += counted.to(torch.int64)
+    return [(int(h) << 27) + int(lo) for h, lo in zip(high.tolist(), low.tolist(), strict=True)]
 
 
 class SparseMerge:

@@ -4,6 +4,7 @@ the engine's random bits, their determinism, the two kernel families, and recipe
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,14 @@ import pytest
 import torch
 
 from engine.errors import RecipeError
-from engine.exact_sums import FLOAT32, rounded_sum
+from engine.exact_sums import FLOAT32, FLOAT64, rounded_sum
 from engine.kernels import Kernels
 from engine.planner import make_plan
 from engine.random_bits import philox4x32, random_bits, stream_key
 from engine.recipe import parse_recipe
 from engine.sparse_kernels import SparseKernels
 from engine.sparse_kernels import handles as sparse_handles
+from engine.sparse_torch import exact_bins
 from tests.conftest import Family, _family
 from tests.engine.sparsify_reference import (
     Merge,
@@ -235,6 +237,11 @@ def llama16(tmp_path_factory: pytest.TempPathFactory) -> Family:
     return _family(tmp_path_factory.mktemp("llama16"), dtype=torch.float16, layers=2, seed=30)
 
 
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return _family(tmp_path_factory.mktemp("llama64"), dtype=torch.float64, layers=2, seed=40)
+
+
 def _kernel_recipes(fam: Family, fam32: Family, fam16: Family) -> list[dict[str, Any]]:
     three = ("task", "language", "language2")
     return [
@@ -278,6 +285,27 @@ def test_compiled_and_torch_kernels_write_the_same_bytes(
             plan.close()
 
 
+@pytest.mark.parametrize("method", ["dare_ties", "breadcrumbs_ties", "della"])
+def test_float64_inputs_are_merged_in_float64_whatever_the_chunks(
+    method: str, llama64: Family, run_merge: Any
+) -> None:
+    """F64 checkpoints go to the torch path, which computes in float64 (64-bit selection
+    keys, float64 exact sums): the same bytes for any chunk size."""
+    fam = llama64
+    params = {"density": 0.4, "rescale": True, **({"gamma": 0.1} if "crumbs" in method else {})}
+    recipe = _recipe(fam, method, params)
+    plan = make_plan(parse_recipe(stringify(recipe)), resolve=Path)
+    plan.close()
+    assert not sparse_handles(plan, "cpu")
+    small, large = run_merge(recipe, chunk_elements=1000), run_merge(recipe)
+    assert sha256(small.out_dir / "model.safetensors") == sha256(
+        large.out_dir / "model.safetensors"
+    )
+    out, base = load(large.out_dir), load(fam.base)
+    assert all(t.dtype == torch.float64 for t in out.values())
+    assert sum(not torch.equal(out[n], base[n]) for n in out) == len(out)
+
+
 def test_merged_model_loads_and_runs(llama: Family, run_merge: Any) -> None:
     result = run_merge(_recipe(llama, "della", {"density": 0.5, "epsilon": 0.1}))
     assert_forward_pass(result.out_dir)
@@ -314,8 +342,6 @@ def test_philox_in_torch_equals_compiled() -> None:
 
 
 def _bins(values: list[float]) -> list[int]:
-    from engine.sparse_torch import exact_bins
-
     return exact_bins(torch.tensor(values, dtype=torch.float32))
 
 
@@ -332,6 +358,10 @@ def test_exact_sums_round_once_to_nearest_even() -> None:
     values = torch.rand(100_000, dtype=torch.float64).float() * 1e-3
     exact = sum(float(v) for v in values.double().tolist())  # within 1e-16: rounds the same
     assert rounded_sum(_bins(values.tolist()), FLOAT32) == float(f32(exact))
+    doubles = torch.rand(20_000, dtype=torch.float64) * 2.0 ** torch.randint(-60, 60, (20_000,))
+    exact_double = sum(Fraction(v) for v in doubles.tolist())
+    got = rounded_sum(exact_bins(doubles), FLOAT64)
+    assert got == float(exact_double)  # Fraction -> float rounds to nearest even
     # any order, any pieces: the same bins
     parts = [_bins(values[i : i + 999].tolist()) for i in range(0, 100_000, 999)]
     summed = [sum(col) for col in zip(*parts, strict=True)]
