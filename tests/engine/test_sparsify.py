@@ -306,6 +306,31 @@ def test_float64_inputs_are_merged_in_float64_whatever_the_chunks(
     assert sum(not torch.equal(out[n], base[n]) for n in out) == len(out)
 
 
+def test_della_ranks_a_3d_tensor_along_its_second_dimension() -> None:
+    """As mergekit's MagPrune: a tensor of more than two dimensions is ranked along dim 1, for
+    each index of the others (the torch path; the compiled one leaves such plans to it)."""
+    from engine.plan import SparsifySettings, TensorPlan, Term, Thinning
+    from engine.sparse_torch import SparseMerge
+
+    generator = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 50, 3, generator=generator)
+    model = base + torch.randn(4, 50, 3, generator=generator)
+    inputs = {0: model.reshape(-1), 1: base.reshape(-1)}
+    thinning = Thinning(densities=(0.5,), lambda_=1.0, epsilons=(0.3,))
+    tensor = TensorPlan("w", (4, 50, 3), "F32", "sparsify", (Term(0, 1.0),), None, "della",
+                        thinning=thinning)  # fmt: skip
+    settings = SparsifySettings(1, "magprune", False, False, False, seed=8)
+    merge = SparseMerge(lambda s, at, n: inputs[s][at : at + n].clone(), tensor, settings, 64)
+    got = torch.cat([merge.chunk(at, min(64, 600 - at)) for at in range(0, 600, 64)])
+    delta = model - base
+    ranks = torch.sort(delta.abs(), dim=1, stable=True).indices.argsort(dim=1)
+    p = torch.tensor(0.5 - 0.3, dtype=torch.float32) + ranks.float() / 49.0 * 2 * 0.3
+    bits = bits_of(8, "w", 0, 600).double()
+    keep = bits < p.reshape(-1).double() * 2.0**32
+    expected = base.reshape(-1) + delta.reshape(-1) * keep.float()
+    assert_equal(got, expected, "w")
+
+
 def test_merged_model_loads_and_runs(llama: Family, run_merge: Any) -> None:
     result = run_merge(_recipe(llama, "della", {"density": 0.5, "epsilon": 0.1}))
     assert_forward_pass(result.out_dir)
