@@ -21,7 +21,7 @@ from engine.exact_sums import FLOAT32, FLOAT64, Format, rescale_factor, rounded_
 from engine.methods.breadcrumbs import breadcrumb_ranks
 from engine.plan import SparsifySettings, TensorPlan
 from engine.random_bits import KEY_STEPS, MULTIPLIERS, ROUNDS, SCALE, stream_key
-from engine.sparse_kernels import Cut
+from engine.sparse_masks import Cut
 
 # (source, start, count) -> that input's elements, widened to the arithmetic dtype
 Read = Callable[[int, int, int], torch.Tensor]
