@@ -54,8 +54,8 @@ _TRANSFORMER_H = ("transformer.h",)
 _VISION_TOWER = ("vision_tower", "model.vision_tower", "multi_modal_projector",
                  "model.multi_modal_projector")  # fmt: skip
 _ENCODER_DECODER = (
-    "an encoder-decoder model has two layer stacks (encoder.block, decoder.block), and layers "
-    "are swapped or analysed in the one stack of a decoder-only language model"
+    "an encoder-decoder model has two layer stacks ({stacks}), and layers are swapped or "
+    "analysed in the one stack of a decoder-only language model"
 )
 
 FAMILIES: dict[str, Family] = {
@@ -91,7 +91,18 @@ FAMILIES: dict[str, Family] = {
         ("text_config.num_hidden_layers", "num_hidden_layers"),
         ("visual", "model.visual"),
     ),
-    "t5": Family((), ("num_layers",), ("encoder.block", "decoder.block"), _ENCODER_DECODER),
+    "t5": Family(
+        (),
+        ("num_layers",),
+        ("encoder.block", "decoder.block"),
+        _ENCODER_DECODER.format(stacks="encoder.block, decoder.block"),
+    ),
+    "bart": Family(
+        (),
+        ("encoder_layers",),
+        ("model.encoder.layers", "model.decoder.layers"),
+        _ENCODER_DECODER.format(stacks="model.encoder.layers, model.decoder.layers"),
+    ),
 }
 
 

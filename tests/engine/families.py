@@ -54,6 +54,11 @@ _FALCON = {"hidden_size": 16, "num_hidden_layers": TEXT_LAYERS, "num_attention_h
 _BLOOM = {"hidden_size": 16, "n_layer": TEXT_LAYERS, "n_head": 2}
 _MPT = {"d_model": 16, "n_layers": TEXT_LAYERS, "n_heads": 2, "max_seq_len": 64}
 _T5 = {"d_model": 16, "d_ff": 32, "d_kv": 8, "num_layers": TEXT_LAYERS, "num_heads": 2}
+_BART = {
+    "d_model": 16, "encoder_layers": TEXT_LAYERS, "decoder_layers": TEXT_LAYERS,
+    "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+    "decoder_ffn_dim": 32, "max_position_embeddings": 64, "vocab_size": 64,
+}  # fmt: skip
 _QWEN2_VL_VISION = {
     "depth": VISION_LAYERS,
     "embed_dim": 16,
@@ -146,6 +151,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
         "seq2seq",
         ("encoder.block.", "decoder.block."),
     ),
+    "bart": FamilySpec(_BART, None, "seq2seq", ("model.encoder.layers.", "model.decoder.layers.")),
 }
 
 
