@@ -25,6 +25,7 @@ _SIZES = {
 }
 _DECODER = {**_SIZES, "num_hidden_layers": TEXT_LAYERS}
 _HEAD_DIM = {**_DECODER, "head_dim": 8}
+_TOKENS = {**_HEAD_DIM, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # within 64
 _MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16}
 _GPT = {"n_embd": 16, "n_layer": TEXT_LAYERS, "n_head": 2, "vocab_size": 64, "n_positions": 64}
 _VISION = {
@@ -100,6 +101,25 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "starcoder2": FamilySpec(_DECODER),
     "cohere": FamilySpec(_DECODER),
     "deepseek_v3": FamilySpec(_DEEPSEEK),
+    # More decoder-only families people merge, each as transformers builds it
+    "olmo": FamilySpec(_TOKENS),
+    "olmo3": FamilySpec(_TOKENS),
+    "smollm3": FamilySpec(_TOKENS),
+    "glm": FamilySpec(_TOKENS),
+    "glm4": FamilySpec(_TOKENS),
+    "gpt_oss": FamilySpec(_TOKENS),
+    "exaone4": FamilySpec(_TOKENS),
+    "ernie4_5": FamilySpec(_TOKENS),
+    "llama4_text": FamilySpec(_TOKENS),
+    "nemotron": FamilySpec(_TOKENS),
+    "granitemoe": FamilySpec(_TOKENS),
+    "phimoe": FamilySpec(_TOKENS),
+    "helium": FamilySpec(_TOKENS),
+    "seed_oss": FamilySpec(_TOKENS),
+    "apertus": FamilySpec(_TOKENS),
+    "arcee": FamilySpec(_TOKENS),
+    "hunyuan_v1_dense": FamilySpec(_TOKENS),
+    "minimax": FamilySpec(_TOKENS),
     "gpt_neox": FamilySpec(_DECODER, "gpt_neox.layers"),
     "gpt2": FamilySpec(_GPT, "transformer.h"),
     "gptj": FamilySpec({**_GPT, "rotary_dim": 4}, "transformer.h"),
