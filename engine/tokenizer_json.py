@@ -24,7 +24,9 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 # Copied beside a rewritten tokenizer.json. The slow tokenizers' files (tokenizer.model,
 # vocab.json, merges.txt, added_tokens.json) number the input's vocabulary, not the output's,
 # so they are left out: transformers then loads the fast tokenizer from tokenizer.json.
-COPIED_BESIDE = ("special_tokens_map.json", "chat_template.jinja")
+COPIED_BESIDE = ("chat_template.jinja",)
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+_SPECIAL_LISTS = ("additional_special_tokens", "extra_special_tokens")
 _ENTRY_KEYS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
 
@@ -120,7 +122,8 @@ def write_tokenizer(
 ) -> list[str]:
     """Write the merged tokenizer into `out` from `source`'s: its tokenizer.json without the
     ids from `rows` on, with `appended` added; its tokenizer_config.json with the added
-    tokens it lists made the output's. Checked by loading it: it must number `tokens` (the
+    tokens it lists made the output's (special_tokens_map.json too, see _edit_config).
+    Checked by loading it: it must number `tokens` (the
     output's, by id) exactly. Returns the names written."""
     data = read_json(source / TOKENIZER_JSON, MAX_TOKENIZER_BYTES)
     _drop_from(data, rows)
@@ -129,20 +132,40 @@ def write_tokenizer(
     _check_numbering(text, tokens, source / TOKENIZER_JSON)
     (out / TOKENIZER_JSON).write_text(text, encoding="utf-8")
     written = [TOKENIZER_JSON]
-    if (source / TOKENIZER_CONFIG).is_file():
-        config = read_json(source / TOKENIZER_CONFIG)
-        if isinstance(config, dict) and isinstance(config.get("added_tokens_decoder"), dict):
-            config["added_tokens_decoder"] = {
-                str(e["id"]): {k: e[k] for k in _ENTRY_KEYS if k in e} for e in data["added_tokens"]
-            }
-        text = json.dumps(config, ensure_ascii=False, indent=2) + "\n"
-        (out / TOKENIZER_CONFIG).write_text(text, encoding="utf-8")
-        written.append(TOKENIZER_CONFIG)
+    kept = set(tokens)
+    for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+        if (source / name).is_file():
+            config = read_json(source / name)
+            if isinstance(config, dict):
+                _edit_config(config, data["added_tokens"], kept)
+            text = json.dumps(config, ensure_ascii=False, indent=2) + "\n"
+            (out / name).write_text(text, encoding="utf-8")
+            written.append(name)
     for name in COPIED_BESIDE:
         if (source / name).is_file():
             shutil.copyfile(source / name, out / name)
             written.append(name)
     return written
+
+
+def _edit_config(config: dict[str, Any], added: list[dict[str, Any]], kept: set[str]) -> None:
+    """A tokenizer config made the output's: the added tokens it lists (transformers 4 does)
+    are the output's, and its lists of extra special tokens hold only tokens the output has
+    (transformers would add a missing one as a new token, past the embedding's rows)."""
+    if isinstance(config.get("added_tokens_decoder"), dict):
+        config["added_tokens_decoder"] = {
+            str(e["id"]): {k: e[k] for k in _ENTRY_KEYS if k in e} for e in added
+        }
+    for key in _SPECIAL_LISTS:
+        value = config.get(key)
+        if isinstance(value, list):
+            config[key] = [v for v in value if _content(v) in kept]
+        elif isinstance(value, dict):
+            config[key] = {k: v for k, v in value.items() if _content(v) in kept}
+
+
+def _content(value: Any) -> Any:
+    return value.get("content") if isinstance(value, dict) else value
 
 
 def _drop_from(data: dict[str, Any], rows: int) -> None:
