@@ -67,13 +67,14 @@ def _vocabulary(
     recipe: Recipe, refs: list[InputRef], checkpoints: list[Checkpoint]
 ) -> VocabularyPlan | None:
     """The output's vocabulary when the recipe sets tokenizer_source. The base whose rows fill
-    a token others lack is the recipe's base (slerp's: models[0], as mergekit's base_model)."""
-    source = getattr(recipe, "tokenizer_source", None)
-    if source is None:
+    a token others lack is the recipe's base (slerp's: models[0], mergekit's base_model)."""
+    if recipe.tokenizer_source is None:
         return None
     bases = [i for i, ref in enumerate(refs) if ref.role == "base"]
-    base = bases[0] if bases else (0 if recipe.method == "slerp" else None)
-    return plan_vocabulary(source, refs, checkpoints, base=base)
+    if METHODS[recipe.method].first_model_is_base:
+        bases = [0]
+    base = bases[0] if bases else None
+    return plan_vocabulary(recipe.tokenizer_source, refs, checkpoints, base=base)
 
 
 def _assemble(

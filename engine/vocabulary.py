@@ -30,6 +30,7 @@ from engine.architectures import LayerStack, vocabulary_modules
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
 from engine.plan import InputRef, Op, TensorPlan
+from engine.recipe_parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
 from engine.tokenizer_json import (
     TokenizerVocabulary,
     new_entry,
@@ -38,7 +39,7 @@ from engine.tokenizer_json import (
 )
 
 FIELD = "tokenizer_source"
-UNION, BASE, MODEL_PREFIX = "union", "base", "model:"
+UNION, BASE, MODEL_PREFIX = TOKENIZER_UNION, TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX
 # fill[t]: an input index (its row), or one of these
 MEAN = -1  # the mean of the rows of the inputs that have the token
 EVERY = -2  # every input has the token: nothing to fill

@@ -135,3 +135,6 @@ class Method:
     inputs: Literal["models", "experts"] = "models"
     # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
     pair_baseline: bool = True
+    # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
+    # rule (engine/vocabulary.py), whatever the recipe's `base`.
+    first_model_is_base: bool = False
