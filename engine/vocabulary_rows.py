@@ -6,8 +6,8 @@ any input tensor. Runs of consecutive rows are read with one positioned read eac
 
 Memory: for a block of R rows of width W elements, the block itself (R·W in the input's dtype,
 written straight into the caller's buffer when the block is whole rows), plus, for the rows it
-averages, one float32 accumulator and one input's rows at a time (each ≤ R·W): bounded by the
-kernel's chunk, never by the vocabulary's size.
+averages, a float32 accumulator and a few temporaries of one input's rows at a time (each
+≤ R·W): bounded by the kernel's chunk, never by the vocabulary's size.
 """
 
 from __future__ import annotations
