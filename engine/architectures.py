@@ -46,10 +46,15 @@ class Family:
     # Layers stored after the L counted ones (DeepSeek-V3's multi-token-prediction module):
     # not part of the language stack, so merged like non-layer tensors.
     extra_layers_key: str = ""
+    # Modules whose rows are indexed by token id (input embeddings, output heads): aligned
+    # row by row when the inputs' vocabularies differ (vocabulary.py).
+    vocabulary: tuple[str, ...] = ("embed_tokens", "lm_head")
 
 
 _DECODER = Family(("model.layers",))
 _TRANSFORMER_H = ("transformer.h",)
+_WTE = ("wte", "lm_head")
+_WORD_EMBEDDINGS = ("word_embeddings", "lm_head")
 # Whole modules: a tower's embeddings and norms go with its layers.
 _VISION_TOWER = ("vision_tower", "model.vision_tower", "multi_modal_projector",
                  "model.multi_modal_projector")  # fmt: skip
@@ -95,12 +100,12 @@ FAMILIES: dict[str, Family] = {
     "arcee": _DECODER,
     "hunyuan_v1_dense": _DECODER,
     "minimax": _DECODER,
-    "gpt_neox": Family(("gpt_neox.layers",)),
-    "gpt2": Family(_TRANSFORMER_H, ("n_layer",)),
-    "gptj": Family(_TRANSFORMER_H, ("n_layer",)),
-    "falcon": Family(_TRANSFORMER_H, ("num_hidden_layers", "n_layer")),
-    "bloom": Family(_TRANSFORMER_H, ("n_layer", "num_hidden_layers")),
-    "mpt": Family(("transformer.blocks",), ("n_layers",)),
+    "gpt_neox": Family(("gpt_neox.layers",), vocabulary=("embed_in", "embed_out", "lm_head")),
+    "gpt2": Family(_TRANSFORMER_H, ("n_layer",), vocabulary=_WTE),
+    "gptj": Family(_TRANSFORMER_H, ("n_layer",), vocabulary=_WTE),
+    "falcon": Family(_TRANSFORMER_H, ("num_hidden_layers", "n_layer"), vocabulary=_WORD_EMBEDDINGS),
+    "bloom": Family(_TRANSFORMER_H, ("n_layer", "num_hidden_layers"), vocabulary=_WORD_EMBEDDINGS),
+    "mpt": Family(("transformer.blocks",), ("n_layers",), vocabulary=_WTE),
     "gemma3": Family(_LANGUAGE_MODEL, _NESTED_COUNT, _VISION_TOWER),
     "llava": Family(_LANGUAGE_MODEL, _NESTED_COUNT, _VISION_TOWER),
     # Qwen2-VL checkpoints on the Hub keep the text stack at model.layers, beside visual.blocks.
@@ -114,14 +119,21 @@ FAMILIES: dict[str, Family] = {
         ("num_layers",),
         ("encoder.block", "decoder.block"),
         _ENCODER_DECODER.format(stacks="encoder.block, decoder.block"),
+        vocabulary=("shared", "embed_tokens", "lm_head"),
     ),
     "bart": Family(
         (),
         ("encoder_layers",),
         ("model.encoder.layers", "model.decoder.layers"),
         _ENCODER_DECODER.format(stacks="model.encoder.layers, model.decoder.layers"),
+        vocabulary=("shared", "embed_tokens", "lm_head"),
     ),
 }
+# A family not in the table: its token-indexed modules are recognised by these common names.
+COMMON_VOCABULARY = frozenset(
+    {"embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out",
+     "tok_embeddings", "shared"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,13 @@ class Refusal:
 def model_type_of(config: Mapping[str, Any]) -> str:
     value = config.get("model_type")
     return value[:80] if isinstance(value, str) else "unknown"
+
+
+def vocabulary_modules(config: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the modules whose weight rows are indexed by token id (`lm_head`, `wte`, …):
+    the family table's, or common names for a family not in it."""
+    family = FAMILIES.get(model_type_of(config))
+    return frozenset(family.vocabulary) if family else COMMON_VOCABULARY
 
 
 def configured_layer_count(config: Mapping[str, Any]) -> int | None:

@@ -19,7 +19,7 @@ from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
-from engine.tensor_io import TORCH_DTYPES, read_elements
+from engine.tensor_io import TORCH_DTYPES, read_planned
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
 Compute = Callable[[int, int], torch.Tensor]
@@ -111,8 +111,7 @@ class Kernels:
             yield chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
-        checkpoint = self.plan.checkpoints[source]
-        raw = read_elements(checkpoint, checkpoint.tensors[name], start, count)
+        raw = read_planned(self.plan, source, name, start, count)
         if raw.dtype == torch.bfloat16 and self.device.type == "cpu":
             return widen_bfloat16(raw)
         wide = torch.float64 if raw.dtype == torch.float64 else torch.float32

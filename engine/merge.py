@@ -197,7 +197,10 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
         written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
     config_dir = Path(plan.inputs[plan.config_input].path)
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
-    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
+    vocabulary = plan.vocabulary
+    rewritten = vocabulary is not None and vocabulary.tokenizer_changed
+    sources = _side_file_sources(config_dir, None if rewritten else tokenizer_dir)
+    for directory, name in sources:
         if (directory / name).is_file():
             if (size := (directory / name).stat().st_size) > MAX_SIDE_FILE_BYTES:
                 raise CheckpointError.at(
@@ -207,12 +210,19 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
             if name == "config.json" and (dtype != "source" or plan.config_changes):
                 _edit_config(staging / name, dtype, plan.config_changes)
             written[name] = file_sha256(staging / name)
-    _warn_tokenizer_mismatch(plan)
+    if vocabulary is None:
+        _warn_tokenizer_mismatch(plan)
+    elif rewritten:  # tokens added or dropped: a new tokenizer.json numbering the rows
+        for name in vocabulary.write_tokenizer(tokenizer_dir, staging):
+            written[name] = file_sha256(staging / name)
     return written
 
 
-def _side_file_sources(config_dir: Path, tokenizer_dir: Path) -> list[tuple[Path, str]]:
+def _side_file_sources(config_dir: Path, tokenizer_dir: Path | None) -> list[tuple[Path, str]]:
+    """The files copied as they are: configs, and the tokenizer's unless it is written anew."""
     copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
+    if tokenizer_dir is None:
+        return copies
     return copies + [(tokenizer_dir, n) for n in TOKENIZER_FILES]
 
 
@@ -315,6 +325,7 @@ def _manifest(
         "layers": [
             {"layer": r.layer, "origin": r.origin, "made_from": r.terms} for r in plan.layer_rows()
         ],
+        **({"vocabulary": plan.vocabulary.to_dict()} if plan.vocabulary else {}),
         "outputs": dict(sorted(files.items())),
         "warnings": plan.warnings,
     }

@@ -10,11 +10,14 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
+
+if TYPE_CHECKING:  # vocabulary.py builds on this module's types
+    from engine.vocabulary import VocabularyPlan
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
@@ -96,11 +99,32 @@ class Plan:
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
     # config.json keys (dotted paths) the output changes: a passthrough's layer count.
     config_changes: dict[str, Any] = field(default_factory=dict)
+    # Set when the inputs' vocabularies are aligned (recipe field tokenizer_source).
+    vocabulary: VocabularyPlan | None = field(default=None, repr=False, compare=False)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def inputs_read(self, tensor: TensorPlan) -> set[int]:
+        """The inputs whose copy of `tensor` computing it reads."""
+        sources = {t.source for t in tensor.terms}
+        if tensor.op == "ties" and self.ties is not None:
+            sources.add(self.ties.base)
+        if self.vocabulary is not None and tensor.read_name in self.vocabulary.tensors:
+            sources = self.vocabulary.reads(sources)
+        return sources
+
+    def read_into(self, source: int, name: str, buffer: memoryview, first_byte: int = 0) -> None:
+        """Fill `buffer` with input `source`'s tensor `name` from `first_byte` on, as the output
+        sees it: its own bytes, or, for an embedding or head whose vocabulary is aligned, its
+        rows in the output vocabulary's order (vocabulary.py)."""
+        if self.vocabulary is not None and name in self.vocabulary.tensors:
+            self.vocabulary.read_into(self.checkpoints, source, name, buffer, first_byte)
+            return
+        checkpoint = self.checkpoints[source]
+        checkpoint.read_into(checkpoint.tensors[name], buffer, first_byte)
 
     def describe_terms(self, terms: tuple[Term, ...]) -> str:
         if len(terms) == 1 and terms[0].coefficient == 1.0:
@@ -137,6 +161,8 @@ class Plan:
         )
         if self.layer_stack is not None:
             lines.append(self.layer_stack.describe())
+        if self.vocabulary is not None:
+            lines.append(self.vocabulary.describe([i.label for i in self.inputs]))
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +179,7 @@ class Plan:
             "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
             # only when present, so plans without them keep their digests
             **({"config_changes": self.config_changes} if self.config_changes else {}),
+            **({"vocabulary": self.vocabulary.to_dict()} if self.vocabulary else {}),
         }
 
     def digest(self) -> str:

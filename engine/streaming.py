@@ -204,10 +204,7 @@ def _write_computed(
 
 def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
     """Ask the kernel to start reading this tensor's inputs while earlier work proceeds."""
-    sources = {t.source for t in tensor.terms}
-    if plan.ties is not None:
-        sources.add(plan.ties.base)
-    for source in sources:
+    for source in plan.inputs_read(tensor):
         checkpoint = plan.checkpoints[source]
         info = checkpoint.tensors[tensor.read_name]
         os.posix_fadvise(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.recipe import Recipe, named_sources
+from engine.recipe_parts import TOKENIZER_MODEL_PREFIX
 
 SCHEME = "hf://"
 _REPO = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
@@ -59,4 +60,9 @@ def replace_sources(request: dict[str, Any], mapping: dict[str, str]) -> dict[st
         result["models"] = [mapping.get(x, x) for x in result["models"]]
     if result.get("base") is not None:
         result["base"] = mapping.get(result["base"], result["base"])
+    source = result.get("tokenizer_source")
+    if isinstance(source, str):  # names a source, maybe as model:<source>
+        prefix = TOKENIZER_MODEL_PREFIX if source.startswith(TOKENIZER_MODEL_PREFIX) else ""
+        named = source.removeprefix(prefix)
+        result["tokenizer_source"] = prefix + mapping.get(named, named)
     return result

@@ -234,6 +234,40 @@ def test_a_layer_swap_fetches_only_the_bytes_of_the_tensors_it_reads(
         assert torch.equal(tensor, expected_tensor), name
 
 
+def test_aligned_vocabularies_fetch_the_rows_they_fill_from(
+    service: Service, hub: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """tokenizer_source names a Hub source (still matching once pinned); the output's head
+    and embedding are the language expert's rows aligned to the task expert's vocabulary,
+    which fill the chat tokens it lacks from the task expert's rows: those are fetched too,
+    though the task expert is not a term of those tensors."""
+    from tests.engine.vocabularies import aligned, make_chat_family, vocabulary
+
+    fam = make_chat_family(tmp_path_factory.mktemp("vocab"), dtype=torch.bfloat16)
+    upload(hub, "org/chat", fam.chat)
+    upload(hub, "org/tool", fam.tool)
+    recipe = {
+        "method": "layer_swap",
+        "experts": {"task": ["hf://org/chat"], "language": ["hf://org/tool"]},
+        "params": {"bottom": 1, "top": 0, "non_layer": "language"},
+        "tokenizer_source": "hf://org/chat",
+        "output": {"name": "vocab"},
+    }
+    done = service.wait(service.submit(recipe)["id"])
+    assert done["status"] == "succeeded", done["error"]
+    out = service.settings.artifacts_dir / "default" / "vocab"
+    merged, output = load(out), vocabulary(out)
+    assert output == vocabulary(fam.chat)
+    chat, tool = load(fam.chat), load(fam.tool)
+    vocabularies = [vocabulary(fam.chat), vocabulary(fam.tool)]
+    for name, tensor in merged.items():
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            expected = aligned(output, vocabularies, [chat[name], tool[name]], base=None)[1]
+        else:
+            expected = chat[name] if name.startswith("model.layers.1.") else tool[name]
+        assert torch.equal(tensor, expected), name
+
+
 def test_a_second_job_reuses_the_cache(service: Service, hub: Any, experts: dict[str, str]) -> None:
     assert service.wait(service.submit(swap())["id"])["status"] == "succeeded"
     hub.clear_requests()
