@@ -268,6 +268,27 @@ def test_aligned_vocabularies_fetch_the_rows_they_fill_from(
         assert torch.equal(tensor, expected), name
 
 
+def test_a_passthrough_of_hub_sources_is_pinned_slices_included(
+    service: Service, experts: dict[str, str], sharded_family: Path
+) -> None:
+    """Pinning renames every mention of a source: the slices name the models too."""
+    math, swh = "hf://org/math@main", "hf://org/swh"
+    slices = [{"sources": [{"model": math, "layer_range": [0, 2]}]},
+              {"sources": [{"model": swh, "layer_range": [1, 3]}]}]  # fmt: skip
+    job = service.submit({"method": "passthrough", "models": [math, swh],
+                          "params": {"slices": slices}})  # fmt: skip
+    pinned = [f"hf://org/math@{experts['math']}", f"hf://org/swh@{experts['swh']}"]
+    assert job["request"]["models"] == pinned
+    named = [s["sources"][0]["model"] for s in job["request"]["params"]["slices"]]
+    assert named == pinned
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+    out = load(service.settings.artifacts_dir / "default" / done["output"]["name"])
+    swh_layers = load(sharded_family / "swh")
+    name = "model.layers.{}.mlp.up_proj.weight"
+    assert torch.equal(out[name.format(2)], swh_layers[name.format(1)])  # output 2 = swh's 1
+
+
 def test_a_second_job_reuses_the_cache(service: Service, hub: Any, experts: dict[str, str]) -> None:
     assert service.wait(service.submit(swap())["id"])["status"] == "succeeded"
     hub.clear_requests()
