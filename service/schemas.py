@@ -6,15 +6,17 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import to_json
 
 from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
 from engine.recipe import (
+    Credential,
     LayerSwapRecipe,
     LinearRecipe,
+    OutputOptions,
     PassthroughRecipe,
     SlerpRecipe,
     SoupRecipe,
@@ -69,16 +71,47 @@ class PassthroughMerge(PassthroughRecipe, _Evaluated):
     pass
 
 
-# A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
+MAX_MERGEKIT_YAML = 256 * 1024  # characters: configs on model cards are a few hundred
+
+
+class MergekitMerge(_Evaluated):
+    """A mergekit 0.1.5 config, translated into a Layerswap recipe at submit; the job runs and
+    shows that recipe, and keeps the config for lineage (docs: mergekit recipes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mergekit: dict[str, Any] | Annotated[str, Field(max_length=MAX_MERGEKIT_YAML)] = Field(
+        description="the config: a mapping (merge_method, models or slices, base_model, "
+        "parameters, dtype, out_dtype, tokenizer_source, name), or its YAML text"
+    )
+    output: OutputOptions = Field(
+        OutputOptions(),
+        description="Layerswap's output options the config has no word for (hub, mlflow, "
+        "shard_size); the dtype comes from the config's out_dtype or dtype, the name from its "
+        "name or here",
+    )
+    credential: Credential = None  # for hf:// sources
+
+
+def _merge_kind(body: Any) -> str | None:
+    """The request's member of MergeRequest: a mergekit config, or the recipe's method."""
+    if isinstance(body, dict):
+        found = "mergekit" if "mergekit" in body else body.get("method")
+        return found if isinstance(found, str) else None
+    return "mergekit" if isinstance(body, MergekitMerge) else getattr(body, "method", None)
+
+
+# A merge request: the recipe schema of `layerswap merge`, or a mergekit config; plus an
+# optional evaluation and webhook.
 MergeRequest = Annotated[
-    LayerSwapMerge
-    | SoupMerge
-    | TaskArithmeticMerge
-    | TiesMerge
-    | LinearMerge
-    | SlerpMerge
-    | PassthroughMerge,
-    Field(discriminator="method"),
+    Annotated[LayerSwapMerge, Tag("layer_swap")]
+    | Annotated[SoupMerge, Tag("soup")]
+    | Annotated[TaskArithmeticMerge, Tag("task_arithmetic")]
+    | Annotated[TiesMerge, Tag("ties")]
+    | Annotated[LinearMerge, Tag("linear")]
+    | Annotated[SlerpMerge, Tag("slerp")]
+    | Annotated[PassthroughMerge, Tag("passthrough")]
+    | Annotated[MergekitMerge, Tag("mergekit")],
+    Discriminator(_merge_kind),
 ]
 
 

@@ -59,4 +59,20 @@ def replace_sources(request: dict[str, Any], mapping: dict[str, str]) -> dict[st
         result["models"] = [mapping.get(x, x) for x in result["models"]]
     if result.get("base") is not None:
         result["base"] = mapping.get(result["base"], result["base"])
+    params = result.get("params")
+    if isinstance(params, dict) and isinstance(params.get("slices"), list):
+        # passthrough's slices name their model as `models` does: renamed alike
+        result["params"] = {
+            **params,
+            "slices": [_slice_renamed(s, mapping) for s in params["slices"]],
+        }
     return result
+
+
+def _slice_renamed(piece: Any, mapping: dict[str, str]) -> Any:
+    if not isinstance(piece, dict) or not isinstance(piece.get("sources"), list):
+        return piece
+    sources = [{**s, "model": mapping.get(s["model"], s["model"])}
+               if isinstance(s, dict) and isinstance(s.get("model"), str) else s
+               for s in piece["sources"]]  # fmt: skip
+    return {**piece, "sources": sources}
