@@ -200,6 +200,9 @@ class TaskArithmeticParams(_Strict):
         "uniform", description="uniform = 1.0 each"
     )
     lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
+    normalize: bool = Field(
+        False, description="divide the summed task vectors by Σ w (unless it is about 0)"
+    )
 
 
 class TaskArithmeticRecipe(_Strict):

@@ -104,16 +104,16 @@ def _task_vectors(config: MergekitConfig) -> tuple[Input, list[Input]]:
 def task_arithmetic(config: MergekitConfig) -> dict[str, Any]:
     base, models = _task_vectors(config)
     weights = [_weight(config, m, "task_arithmetic") for m in models]
-    scale = float(_shared(config, "lambda", number, 1.0, "task_arithmetic"))
-    if _shared(config, "normalize", flag, False, "task_arithmetic") and abs(sum(weights)) >= 1e-8:
-        scale /= sum(weights)  # mergekit divides the summed deltas by Σ w (unless ~0)
+    method = "task_arithmetic"
+    params = {"weights": weights, "lambda": float(_shared(config, "lambda", number, 1.0, method)),
+              "normalize": _shared(config, "normalize", flag, False, method)}  # fmt: skip
     for name in ("density", "rescale"):
         for where in _set_anywhere(config, name):
             config.warnings.append(
                 f"{where}: mergekit's task_arithmetic does not sparsify, so ignores it; ignored"
             )
     return {"method": "task_arithmetic", "base": base.source, "models": [m.source for m in models],
-            "params": {"weights": weights, "lambda": scale}}  # fmt: skip
+            "params": params}  # fmt: skip
 
 
 def ties(config: MergekitConfig) -> dict[str, Any]:
