@@ -161,7 +161,7 @@ def _source_fields(config: MergekitConfig, recipe: dict[str, Any]) -> dict[str, 
         written.setdefault(model.source, _model_field(model))
     fields = {f"models.{i}": written[s] for i, s in enumerate(recipe["models"])}
     if recipe.get("base") is not None:
-        fields["base"] = written[recipe["base"]]
+        fields["base"] = config.base_field
     return fields
 
 

@@ -53,6 +53,7 @@ class MergekitConfig:
     shared: list[Place] = field(default_factory=list)  # parameter blocks, most specific first
     warnings: list[str] = field(default_factory=list)
     depth: tuple[str, int] | None = None  # (field, layers) a whole-model slice spans
+    base_field: str = "base_model"  # where the base was named
 
     def shared_chain(self, name: str, convert: Convert, default: Any = None) -> list[Condition]:
         """A parameter that takes one value for all the models (its per-model ones ignored)."""
@@ -170,7 +171,8 @@ def whole_models(config: MergekitConfig) -> MergekitConfig:
     config.inputs = only.inputs
     config.shared.insert(0, Place(f"{only.field}.parameters", only.parameters))
     config.depth = (f"{only.field}.sources.0.layer_range", only.layer_range[1])
-    config.base = only.base or config.base  # mergekit: a slice's own base comes first
+    if only.base is not None:  # mergekit: a slice's own base comes first
+        config.base, config.base_field = only.base, only.base.field
     if config.base is not None:
         config.base = next(
             (m for m in config.inputs if m.source == config.base.source), config.base
@@ -203,6 +205,8 @@ def model_source(ref: Any, field: str, is_local: IsLocal) -> str:
             f"{ref}: mergekit's model+lora form (a LoRA merged into its model first) is not "
             "supported; merge the adapter into the model and name the result",
         )
+    if ref.count("@") > 1:
+        raise RecipeError.for_field(field, f"{ref}: more than one @")
     path, _, revision = ref.partition("@")
     return _source(path, revision or None, field, is_local)
 

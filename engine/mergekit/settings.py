@@ -136,8 +136,9 @@ def constant(conditions: list[Condition], problem: str, *, missing: str) -> Any:
     values: set[Any] = set()
     for c in conditions:
         values.update(c.value if isinstance(c.value, list) else [c.value])
-        if len(values) > 1:
-            raise RecipeError.for_field(c.field, f"varies by layer or tensor; {problem}")
+        if len(values) > 1:  # named where it was written (the default was not)
+            where = c.field if c.field != "default" else conditions[0].field
+            raise RecipeError.for_field(where, f"varies by layer or tensor; {problem}")
     if not conditions[-1].matches_all:
         raise RecipeError.for_field(
             conditions[-1].field, "no value for the tensors its filters do not match"
