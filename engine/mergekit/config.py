@@ -96,11 +96,9 @@ def read(data: Any, is_local: IsLocal) -> MergekitConfig:
                for key in data if key not in TOP_LEVEL]  # fmt: skip
     config = MergekitConfig(method, [], None, base, shared, ignored)
     if data.get("models"):
+        entries = items(data["models"], "models")
         config.inputs = _distinct(
-            [
-                _input(m, f"models.{i}", is_local)
-                for i, m in enumerate(items(data["models"], "models"))
-            ]
+            [_input(m, f"models.{i}", is_local) for i, m in enumerate(entries)]
         )
     else:
         config.slices = [_slice(s, f"slices.{i}", is_local, config.warnings)
@@ -112,7 +110,8 @@ def read(data: Any, is_local: IsLocal) -> MergekitConfig:
 
 def _input(entry: Any, field: str, is_local: IsLocal, *, slice_source: bool = False) -> Input:
     entry = mapping(entry, field)
-    if unknown := set(entry) - {"model", "parameters", *(["layer_range"] * slice_source)}:
+    allowed = {"model", "parameters"} | ({"layer_range"} if slice_source else set())
+    if unknown := set(entry) - allowed:
         raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
     if "model" not in entry:
         raise RecipeError.for_field(f"{field}.model", "required")

@@ -62,10 +62,11 @@ class MergekitOrigin:
 
     def renamed(self, error: E, *, prefix: str = "") -> E:
         """`error` (an EngineError or ServiceError) naming the mergekit field, under `prefix`,
-        where it names one of the recipe's sources."""
+        where it names one of the recipe's sources or is one of apply()'s."""
         details, message = getattr(error, "details", None), getattr(error, "message", None)
         where = details.get("field") if isinstance(details, dict) else None
-        mergekit = self.source_fields.get(where) if isinstance(where, str) else None
+        own = {found[0]: found[0] for found in (self.depth, self.tokenizer) if found}
+        mergekit = (self.source_fields | own).get(where) if isinstance(where, str) else None
         if mergekit is None or not isinstance(details, dict) or not isinstance(message, str):
             return error
         details["field"] = prefix + mergekit

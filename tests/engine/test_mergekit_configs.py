@@ -5,7 +5,10 @@ checkpoints can tell: a slice's depth, a tokenizer_source's files, the dry run."
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from tests.conftest import Family
 from tests.engine.mergekit_parity import run_mergekit, ulp_distance
 from tests.engine.test_output import assert_forward_pass
 from tests.reference import load
-from tests.test_cli import layerswap
+from tests.test_cli import LAYERSWAP, layerswap
 
 FILTERED_T = [
     {"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
@@ -182,3 +185,25 @@ def test_a_refusal_is_one_line_naming_the_mergekit_field(
         "layerswap: error [invalid_recipe]: models.2.parameters.density: per-model densities "
         "differ; Layerswap's ties takes one density\n"
     )
+
+
+def test_the_docs_example_runs_as_written_and_equals_mergekit(tmp_path: Path) -> None:
+    """docs/concepts/mergekit.md's command-line block, run verbatim in a fresh directory."""
+    page = (Path(__file__).parents[2] / "docs" / "concepts" / "mergekit.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)\n```", page, re.DOTALL)
+                 if "layerswap merge" in b)  # fmt: skip
+    env = {**os.environ, "PATH": f"{LAYERSWAP.parent}:{os.environ['PATH']}",
+           "LAYERSWAP_CACHE_DIR": str(tmp_path / ".cache")}  # fmt: skip
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "method: slerp" in done.stdout  # the dry run showed the translated recipe
+    examples = tmp_path / "examples"
+    config = yaml.safe_load((examples / "mergekit-slerp.yml").read_text())
+    config["base_model"] = str(examples / config["base_model"])
+    for source in config["slices"][0]["sources"]:
+        source["model"] = str(examples / source["model"])
+    ours, theirs = load(examples / "slerped"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(ours) == set(theirs)
+    assert max(ulp_distance(ours[n], theirs[n]) for n in ours) == 0
+    assert_forward_pass(examples / "slerped")
