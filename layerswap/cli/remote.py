@@ -96,8 +96,8 @@ def submit(
     recipe: Path, server: str, kind: str, wait_: bool, idempotency_key: str | None, quiet: bool
 ) -> None:
     """Submit RECIPE (YAML or JSON: a merge recipe or mergekit config, or an evaluation /
-    analysis request) to a running service; prints the job id, or with --wait the ended job (exit 1 unless it
-    succeeded)."""
+    analysis request) to a running service; prints the job id, or with --wait the ended job
+    (exit 1 unless it succeeded)."""
     body = yaml.safe_load(recipe.read_text(encoding="utf-8"))
     if not isinstance(body, dict):
         raise click.BadParameter("must hold a mapping", param_hint="RECIPE")
