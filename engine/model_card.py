@@ -12,24 +12,15 @@ from typing import Any
 
 import yaml
 
-METHOD_TAGS = {
-    "layer_swap": ["layer-swapping"],
-    "soup": ["model-soup"],
-    "task_arithmetic": ["task-arithmetic"],
-    "ties": ["ties"],
-    "linear": ["linear"],
-    "slerp": ["slerp"],
-    "passthrough": ["passthrough", "frankenmerge"],
-}
-METHOD_NAMES = {
-    "layer_swap": "layer swapping (Bandarkar et al., 2025, arXiv:2410.01335)",
-    "soup": "a model soup (weighted average)",
-    "task_arithmetic": "task arithmetic",
-    "ties": "TIES merging",
-    "linear": "a linear merge (weighted sum, as mergekit's linear)",
-    "slerp": "spherical linear interpolation (SLERP)",
-    "passthrough": "a passthrough merge (layers of the inputs stacked, as mergekit's slices)",
-}
+from engine.methods import METHODS
+
+
+def _title(method: str) -> str:
+    return METHODS[method].title if method in METHODS else method
+
+
+def _tags(method: str) -> tuple[str, ...]:
+    return METHODS[method].tags if method in METHODS else ()
 
 
 def hub_repo(source: str) -> tuple[str, str | None] | None:
@@ -51,7 +42,7 @@ def render_card(
     lines = _front_matter(manifest, method, name, evaluations)
     lines += [f"# {name or 'Merged model'}", ""]
     lines += [
-        f"Made with Layerswap by {METHOD_NAMES.get(method, method)}, with no training."
+        f"Made with Layerswap by {_title(method)}, with no training."
         " `layerswap.json` beside this card records the full recipe, every"
         " input file's sha256 and every output file's sha256.",
         "",
@@ -94,7 +85,7 @@ def _front_matter(
         front["base_model"] = repos
         front["base_model_relation"] = "merge"
     front["library_name"] = "transformers"
-    front["tags"] = ["merge", "layerswap", *METHOD_TAGS.get(method, [])]
+    front["tags"] = ["merge", "layerswap", *_tags(method)]
     if evaluations:
         front["model-index"] = [{"name": name or "merged-model", "results": _results(evaluations)}]
     return ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]

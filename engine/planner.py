@@ -11,18 +11,11 @@ from engine.architectures import LayerStack
 from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
 from engine.limits import MAX_WEIGHT_FILES
-from engine.methods import BUILDERS, Inputs, MethodPlan
+from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
 from engine.plan import InputRef, Op, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
-from engine.recipe import (
-    LayerSwapRecipe,
-    LinearRecipe,
-    Recipe,
-    SlerpRecipe,
-    SoupRecipe,
-    named_sources,
-)
+from engine.recipe import Recipe, named_sources
 from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.validate import check_compatible
 
@@ -30,8 +23,6 @@ Resolver = Callable[[str], Path]
 # Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
 # float32 temporaries (reused by the allocator from chunk to chunk) stay in the tens of MB.
 DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
-# Recipes whose base is optional: one given but unused earns a warning.
-OPTIONAL_BASE = (LayerSwapRecipe, SoupRecipe, LinearRecipe, SlerpRecipe)
 
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
@@ -60,7 +51,7 @@ def make_plan(
             checkpoints.append(Checkpoint.open(Path(ref.path)))
         check_compatible(refs, checkpoints)
         inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
-        method = BUILDERS[recipe.method](recipe, inputs)
+        method = METHODS[recipe.method].plan(recipe, inputs)
         plan = _assemble(recipe, refs, checkpoints, method)
     except EngineError:
         for ckpt in checkpoints:
@@ -104,18 +95,12 @@ def _assemble(
         layer_stack=found,
         config_changes=changes,
     )
-    if isinstance(recipe, OPTIONAL_BASE) and recipe.base is not None:
+    optional = METHODS[recipe.method].base != "required"
+    if optional and recipe.base is not None and not recipe.plans_from_weights:
         used = {t.source for p in tensors for t in p.terms}
-        if (base := len(refs) - 1) not in used and not _needs_magnitude(recipe):
+        if (base := len(refs) - 1) not in used:
             warnings.append(f"base {refs[base].source} is not used by this recipe")
     return plan
-
-
-def _needs_magnitude(recipe: Recipe) -> bool:
-    if isinstance(recipe, LayerSwapRecipe):
-        q = recipe.params
-        return "magnitude" in (q.transition_weights, q.expert_soup)
-    return isinstance(recipe, SoupRecipe) and recipe.params.weights == "magnitude"
 
 
 def _tensor(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import to_json
@@ -12,17 +12,8 @@ from pydantic_core import to_json
 from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
-from engine.recipe import (
-    Credential,
-    LayerSwapRecipe,
-    LinearRecipe,
-    OutputOptions,
-    PassthroughRecipe,
-    SlerpRecipe,
-    SoupRecipe,
-    TaskArithmeticRecipe,
-    TiesRecipe,
-)
+from engine.methods import METHODS
+from engine.recipe_parts import Credential, OutputOptions, RecipeBase
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -43,34 +34,13 @@ class _Evaluated(BaseModel):
     )
 
 
-class LayerSwapMerge(LayerSwapRecipe, _Evaluated):
-    pass
+def _merge_request(recipe: type[RecipeBase]) -> type[RecipeBase]:
+    """A method's recipe schema with the request-only fields (SoupRecipe -> SoupMerge)."""
+    name = recipe.__name__.removesuffix("Recipe") + "Merge"
+    return type(name, (recipe, _Evaluated), {"__module__": __name__, "__doc__": recipe.__doc__})
 
 
-class SoupMerge(SoupRecipe, _Evaluated):
-    pass
-
-
-class TaskArithmeticMerge(TaskArithmeticRecipe, _Evaluated):
-    pass
-
-
-class TiesMerge(TiesRecipe, _Evaluated):
-    pass
-
-
-class LinearMerge(LinearRecipe, _Evaluated):
-    pass
-
-
-class SlerpMerge(SlerpRecipe, _Evaluated):
-    pass
-
-
-class PassthroughMerge(PassthroughRecipe, _Evaluated):
-    pass
-
-
+MERGE_REQUESTS = tuple(_merge_request(m.recipe) for m in METHODS.values())
 MAX_MERGEKIT_YAML = 256 * 1024  # characters: configs on model cards are a few hundred
 
 
@@ -102,17 +72,17 @@ def _merge_kind(body: Any) -> str | None:
 
 # A merge request: the recipe schema of `layerswap merge`, or a mergekit config; plus an
 # optional evaluation and webhook.
-MergeRequest = Annotated[
-    Annotated[LayerSwapMerge, Tag("layer_swap")]
-    | Annotated[SoupMerge, Tag("soup")]
-    | Annotated[TaskArithmeticMerge, Tag("task_arithmetic")]
-    | Annotated[TiesMerge, Tag("ties")]
-    | Annotated[LinearMerge, Tag("linear")]
-    | Annotated[SlerpMerge, Tag("slerp")]
-    | Annotated[PassthroughMerge, Tag("passthrough")]
-    | Annotated[MergekitMerge, Tag("mergekit")],
-    Discriminator(_merge_kind),
-]
+if TYPE_CHECKING:
+
+    class RecipeRequest(RecipeBase, _Evaluated): ...
+
+    MergeRequest = RecipeRequest | MergekitMerge
+else:
+    _TAGGED = tuple(Annotated[r, Tag(name)] for name, r in zip(METHODS, MERGE_REQUESTS, strict=True))
+    MergeRequest = Annotated[
+        Union[(*_TAGGED, Annotated[MergekitMerge, Tag("mergekit")])],  # noqa: UP007
+        Discriminator(_merge_kind),
+    ]
 
 
 class ErrorBody(BaseModel):

@@ -37,7 +37,7 @@ from core.sources import resolve_source
 from engine.architectures import configured_layer_count
 from engine.digests import file_sha256
 from engine.errors import EngineError
-from engine.recipe import LayerSwapRecipe
+from engine.methods.layer_swap import LayerSwapRecipe
 from worker.inputs import fetch_hub_inputs, local_resolver
 from worker.lease import JobLease, settle, write_with_retry
 

@@ -27,9 +27,9 @@ from engine.checkpoint import Checkpoint
 from engine.digests import file_sha256
 from engine.errors import MergeCanceled
 from engine.kernels import Kernels
+from engine.methods.layer_swap import LayerSwapRecipe
 from engine.plan import Plan
 from engine.planner import make_plan
-from engine.recipe import LayerSwapRecipe
 from engine.tensor_io import read_elements
 
 MAX_HELD = 4  # checkpoints kept loaded: a pair and its base, plus one

@@ -55,7 +55,7 @@ from engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from engine.errors import CheckpointError, DiskFull, MergeCanceled, is_disk_full
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.planner import Resolver, make_plan
-from engine.recipe import LayerSwapRecipe, Recipe, SoupRecipe
+from engine.recipe import Recipe
 
 BACKOFF_S = 0.5  # the first retry's pause (core.hub.errors.retrying doubles it)
 log = logging.getLogger("layerswap.hub")
@@ -293,7 +293,7 @@ def _needed_spans(
     """Per Hub source and shard, the byte ranges of the tensors the merge reads, adjacent ones
     joined (None: the whole shard, as when the recipe weighs inputs by magnitude: planning then
     reads every weight)."""
-    if _plans_with_data(recipe):
+    if recipe.plans_from_weights:
         return {s: dict.fromkeys(p.weight_files) for s, p in fetched.pins.items()}
     plan = make_plan(recipe, resolve=fetched.resolver(local))
     try:
@@ -354,13 +354,6 @@ def _all_data(header_file: Path, spans: list[Span]) -> bool:
     with header_file.open("rb") as f:
         data_start = 8 + int.from_bytes(f.read(8), "little")
     return spans == [(data_start, header_file.stat().st_size)]
-
-
-def _plans_with_data(recipe: Recipe) -> bool:
-    if isinstance(recipe, LayerSwapRecipe):
-        p = recipe.params
-        return "magnitude" in (p.expert_soup, p.transition_weights)
-    return isinstance(recipe, SoupRecipe) and recipe.params.weights == "magnitude"
 
 
 def _link(link: Path, target: Path) -> None:

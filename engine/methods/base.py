@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
 from engine.gradients import Condition, Setting
 from engine.plan import InputRef, Op, Term, TiesSettings
 from engine.progress import CancelCheck
+from engine.recipe_parts import RecipeBase, Strict
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
@@ -107,3 +108,20 @@ def _has_gradient(setting: Setting) -> bool:
     return any(isinstance(v, list) for v in values) or not any(
         isinstance(c, Condition) for c in setting
     )
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything the product knows of one merge method, declared once in its module."""
+
+    name: str  # the recipe's `method`
+    recipe: type[RecipeBase]  # its schema, with `method: Literal[name]`
+    params: type[Strict]  # its `params`, listed by GET /v1/methods
+    plan: Callable[[Any, Inputs], MethodPlan]  # (recipe, inputs) -> per-tensor rule
+    summary: str  # one line for GET /v1/methods and the CLI
+    title: str  # the model card's "made with Layerswap by <title>"
+    tags: tuple[str, ...]  # the model card's Hub tags
+    base: Literal["required", "optional", "unused"]
+    inputs: Literal["models", "experts"] = "models"
+    # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
+    pair_baseline: bool = True

@@ -7,16 +7,83 @@ coefficients multiply through so everything stays one linear combination per ten
 
 from __future__ import annotations
 
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
 from engine.errors import RecipeError
 from engine.methods.base import (
     Inputs,
+    Method,
     MethodPlan,
     inverse_normalized,
     normalized,
     terms,
 )
 from engine.plan import Op, Term
-from engine.recipe import LayerSwapParams, LayerSwapRecipe
+from engine.recipe_parts import (
+    MAX_EXPERTS_PER_ROLE,
+    NamedSource,
+    RecipeBase,
+    Source,
+    Strict,
+)
+
+
+class RoleWeights(Strict):
+    task: float = Field(ge=0)
+    language: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> Self:
+        if self.task + self.language <= 0:
+            raise ValueError("task and language weights must not both be zero")
+        return self
+
+
+class Experts(Strict):
+    task: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS_PER_ROLE)
+    language: list[Source] = Field(min_length=1, max_length=MAX_EXPERTS_PER_ROLE)
+
+
+class LayerSwapParams(Strict):
+    bottom: int = Field(5, ge=0, description="layers from the language expert at the bottom")
+    top: int = Field(2, ge=0, description="layers from the language expert at the top")
+    bottom_transition: int = Field(0, ge=0, description="averaged layers above the bottom")
+    top_transition: int = Field(0, ge=0, description="averaged layers below the top")
+    transition_weights: Literal["uniform", "magnitude"] | RoleWeights = "uniform"
+    non_layer: Literal["average", "task", "language"] = "average"
+    towers: Literal["average", "task", "language"] = Field(
+        "average",
+        description="what a multimodal model's vision/audio towers and projectors get; the "
+        "layer plan applies to the language model only",
+    )
+    expert_soup: Literal["uniform", "magnitude"] = "uniform"
+
+
+class LayerSwapRecipe(RecipeBase):
+    method: Literal["layer_swap"]
+    experts: Experts
+    params: LayerSwapParams = LayerSwapParams()
+
+    @model_validator(mode="after")
+    def _needs_base(self) -> Self:
+        if self.base is None and self.params.transition_weights == "magnitude":
+            raise ValueError("base is required when params.transition_weights is magnitude")
+        if self.base is None and self.params.expert_soup == "magnitude":
+            raise ValueError("base is required when params.expert_soup is magnitude")
+        return self
+
+    def sources(self) -> list[NamedSource]:
+        named = [NamedSource(f"experts.{role}.{i}", f"{role}[{i}]", role, s)
+                 for role, items in (("task", self.experts.task),
+                                     ("language", self.experts.language))
+                 for i, s in enumerate(items)]  # fmt: skip
+        return self._with_base(named)
+
+    @property
+    def plans_from_weights(self) -> bool:
+        return "magnitude" in (self.params.transition_weights, self.params.expert_soup)
 
 
 def region(layer: int, num_layers: int, p: LayerSwapRecipe) -> str:
@@ -75,7 +142,7 @@ def _transition_weights(
 
 
 def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
-    # Never a layer stack taken for non-layer tensors (a vision tower's follow non_layer).
+    # Never a layer stack taken for non-layer tensors (a vision tower follows `towers`).
     stacks = [checkpoint.require_layers(recipe.method) for checkpoint in inputs.checkpoints]
     q = recipe.params
     num_layers = stacks[0].count
@@ -98,9 +165,15 @@ def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
         "average": mix(0.5, 0.5),
     }
 
+    stack = stacks[task[0]]  # the config's: names its towers
+
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        origin = q.non_layer if layer is None else region(layer, num_layers, recipe)
-        return "linear", made[origin], origin
+        if layer is not None:
+            origin = region(layer, num_layers, recipe)
+            return "linear", made[origin], origin
+        if stack.in_tower(name):
+            return "linear", made[q.towers], f"tower: {q.towers}"
+        return "linear", made[q.non_layer], q.non_layer
 
     return MethodPlan(
         rule=rule,
@@ -112,3 +185,17 @@ def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
             "transition": {"task": w_task, "language": w_language},
         },
     )
+
+
+METHOD = Method(
+    name="layer_swap",
+    recipe=LayerSwapRecipe,
+    params=LayerSwapParams,
+    plan=plan_layer_swap,
+    summary="bottom/top layers from the language expert, the middle from the task expert",
+    title="layer swapping (Bandarkar et al., 2025, arXiv:2410.01335)",
+    tags=("layer-swapping",),
+    base="optional",
+    inputs="experts",
+    pair_baseline=False,
+)

@@ -7,11 +7,50 @@ Each weight may vary by layer (a gradient) or by tensor name (filters), as merge
 
 from __future__ import annotations
 
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+
 from engine.errors import RecipeError
 from engine.gradients import Setting, position, resolve
-from engine.methods.base import Inputs, MethodPlan, layer_count
+from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan import Op, Term
-from engine.recipe import LinearRecipe
+from engine.recipe_parts import (
+    MAX_MODELS,
+    ModelsRecipe,
+    Source,
+    Strict,
+)
+
+
+class LinearParams(Strict):
+    weights: (
+        Literal["uniform"] | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS)]
+    ) = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
+    )
+    normalize: bool = Field(True, description="divide by the sum of the weights")
+
+
+class LinearRecipe(ModelsRecipe):
+    """mergekit's `linear`: Σ w_i·T_i, divided by Σ w_i with `normalize`."""
+
+    method: Literal["linear"]
+    base: Source | None = Field(None, description="not used; accepted as by soup")
+    models: list[Source] = Field(min_length=2, max_length=MAX_MODELS)
+    params: LinearParams = LinearParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        weights = self.params.weights
+        if isinstance(weights, list) and len(weights) != len(self.models):
+            raise ValueError(
+                f"params.weights has {len(self.params.weights)} entries for "
+                f"{len(self.models)} models"
+            )
+        return self
 
 
 def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
@@ -40,3 +79,15 @@ def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
         # not "models": that key promises one float per input (the lineage records them)
         resolved_weights={"weights": [s if isinstance(s, float) else "varies" for s in settings]},
     )
+
+
+METHOD = Method(
+    name="linear",
+    recipe=LinearRecipe,
+    params=LinearParams,
+    plan=plan_linear,
+    summary="mergekit's linear: Σ w_i T_i (÷ Σ w_i with normalize)",
+    title="a linear merge (weighted sum, as mergekit's linear)",
+    tags=("linear",),
+    base="unused",
+)

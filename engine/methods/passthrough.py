@@ -9,12 +9,72 @@ count rewritten. Nothing is computed: every tensor is a whole-file-range copy.
 
 from __future__ import annotations
 
+from typing import Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+
 from engine.architectures import LayerStack
 from engine.errors import CheckpointError, RecipeError
 from engine.limits import MAX_LAYERS
-from engine.methods.base import Inputs, MethodPlan, Placement
+from engine.methods.base import Inputs, Method, MethodPlan, Placement
 from engine.plan import Op, Term
-from engine.recipe import PassthroughRecipe
+from engine.recipe_parts import (
+    MAX_MODELS,
+    MAX_SLICES,
+    ModelsRecipe,
+    Source,
+    Strict,
+)
+
+
+class LayerSource(Strict):
+    model: Source = Field(description="one of the recipe's models, written as there")
+    layer_range: tuple[int, int] = Field(
+        description="[start, end): its layers start..end-1, as mergekit's layer_range"
+    )
+
+    @field_validator("layer_range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 0 <= value[0] < value[1]:
+            raise ValueError(f"must be [start, end) with 0 <= start < end (got {list(value)})")
+        return value
+
+
+class PassthroughSlice(Strict):
+    # mergekit's passthrough takes one source per slice; the list keeps its config's shape.
+    sources: list[LayerSource] = Field(min_length=1, max_length=1)
+
+
+class PassthroughParams(Strict):
+    slices: list[PassthroughSlice] = Field(
+        min_length=1,
+        max_length=MAX_SLICES,
+        description="stacked in order: output layer k is the k-th layer the slices list",
+    )
+
+
+class PassthroughRecipe(ModelsRecipe):
+    """mergekit's `passthrough` over `slices`: layers of the models stacked into a new depth."""
+
+    method: Literal["passthrough"]
+    base: None = Field(None, description="not used")
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    params: PassthroughParams  # no default: which layers to stack is the recipe
+
+    @model_validator(mode="after")
+    def _sources_are_models(self) -> Self:
+        used = set()
+        for i, piece in enumerate(self.params.slices):
+            model = piece.sources[0].model
+            if model not in self.models:
+                raise ValueError(f"params.slices.{i}.sources.0.model {model!r} is not in models")
+            used.add(model)
+        for i, model in enumerate(self.models):
+            if model not in used:  # opened and checked for nothing
+                raise ValueError(f"models.{i} {model!r} is not used by any of params.slices")
+        return self
+
 
 # mergekit's architecture files list, per family, the non-layer tensors that follow the stack
 # (post_weights: the final norm and the head); here they are told apart by a name component.
@@ -94,3 +154,16 @@ def plan_passthrough(recipe: PassthroughRecipe, inputs: Inputs) -> MethodPlan:
         placements=tuple(placements),
         num_layers=len(stacked),
     )
+
+
+METHOD = Method(
+    name="passthrough",
+    recipe=PassthroughRecipe,
+    params=PassthroughParams,
+    plan=plan_passthrough,
+    summary="layers of the models stacked by slices into a deeper or shallower model (mergekit's)",
+    title="a passthrough merge (layers of the inputs stacked, as mergekit's slices)",
+    tags=("passthrough", "frankenmerge"),
+    base="unused",
+    pair_baseline=False,
+)

@@ -8,11 +8,36 @@ out = sin((1 − t)θ)/sin θ · a + sin(tθ)/sin θ · b, or (1 − t)·a + t·
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+
 from engine.errors import RecipeError
-from engine.gradients import position, resolve
-from engine.methods.base import Inputs, MethodPlan, layer_count
+from engine.gradients import Setting, position, resolve
+from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan import Op, Term
-from engine.recipe import SlerpRecipe
+from engine.recipe_parts import (
+    ModelsRecipe,
+    Source,
+    Strict,
+)
+
+
+class SlerpParams(Strict):
+    t: Setting = Field(
+        0.5,
+        description="0 = models[0], 1 = models[1]: a number, a gradient across layers "
+        "([0, 0.5, 1]) or {filter, value}s (filter: self_attn, mlp, ...)",
+    )
+
+
+class SlerpRecipe(ModelsRecipe):
+    """mergekit's `slerp`, with models[0] as its base_model."""
+
+    method: Literal["slerp"]
+    base: Source | None = Field(None, description="not used; accepted as by soup")
+    models: list[Source] = Field(min_length=2, max_length=2)
+    params: SlerpParams = SlerpParams()
 
 
 def plan_slerp(recipe: SlerpRecipe, inputs: Inputs) -> MethodPlan:
@@ -32,3 +57,15 @@ def plan_slerp(recipe: SlerpRecipe, inputs: Inputs) -> MethodPlan:
         tokenizer_input=first,
         resolved_weights={"t": setting if isinstance(setting, float) else "varies"},
     )
+
+
+METHOD = Method(
+    name="slerp",
+    recipe=SlerpRecipe,
+    params=SlerpParams,
+    plan=plan_slerp,
+    summary="spherical interpolation of two models by t, per tensor",
+    title="spherical linear interpolation (SLERP)",
+    tags=("slerp",),
+    base="unused",
+)

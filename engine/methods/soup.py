@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
-from engine.methods.base import Inputs, MethodPlan, inverse_normalized, normalized, terms
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from engine.methods.base import Inputs, Method, MethodPlan, inverse_normalized, normalized, terms
 from engine.plan import Op, Term
-from engine.recipe import SoupRecipe
+from engine.recipe_parts import (
+    MAX_MODELS,
+    ModelsRecipe,
+    Source,
+    Strict,
+    Weights,
+    check_weights,
+)
+
+
+class SoupParams(Strict):
+    weights: Weights = "uniform"
+
+
+class SoupRecipe(ModelsRecipe):
+    method: Literal["soup"]
+    models: list[Source] = Field(min_length=2, max_length=MAX_MODELS)
+    params: SoupParams = SoupParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_weights(self.params.weights, len(self.models))
+        if self.base is None and self.params.weights == "magnitude":
+            raise ValueError("base is required when params.weights is magnitude")
+        return self
+
+    @property
+    def plans_from_weights(self) -> bool:
+        return self.params.weights == "magnitude"
 
 
 def plan_soup(recipe: SoupRecipe, inputs: Inputs) -> MethodPlan:
@@ -27,3 +59,15 @@ def plan_soup(recipe: SoupRecipe, inputs: Inputs) -> MethodPlan:
         tokenizer_input=models[0],
         resolved_weights={"models": resolved},
     )
+
+
+METHOD = Method(
+    name="soup",
+    recipe=SoupRecipe,
+    params=SoupParams,
+    plan=plan_soup,
+    summary="weighted average of checkpoints",
+    title="a model soup (weighted average)",
+    tags=("model-soup",),
+    base="optional",
+)

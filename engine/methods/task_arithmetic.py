@@ -7,9 +7,42 @@ scaled by λ, added to the base.
 
 from __future__ import annotations
 
-from engine.methods.base import Inputs, MethodPlan
+from typing import Annotated, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from engine.methods.base import Inputs, Method, MethodPlan
 from engine.plan import Op, Term, TiesSettings
-from engine.recipe import TaskArithmeticRecipe
+from engine.recipe_parts import (
+    MAX_MODELS,
+    ModelsRecipe,
+    Source,
+    Strict,
+    check_weights,
+)
+
+
+class TaskArithmeticParams(Strict):
+    model_config = ConfigDict(populate_by_name=True)
+    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
+        "uniform", description="uniform = 1.0 each"
+    )
+    lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
+    normalize: bool = Field(
+        False, description="divide the summed task vectors by Σ w (unless it is about 0)"
+    )
+
+
+class TaskArithmeticRecipe(ModelsRecipe):
+    method: Literal["task_arithmetic"]
+    base: Source
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    params: TaskArithmeticParams = TaskArithmeticParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_weights(self.params.weights, len(self.models))
+        return self
 
 
 def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> MethodPlan:
@@ -30,3 +63,15 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
         ties=TiesSettings(base, 1.0, q.lambda_, q.normalize),
         resolved_weights={"models": resolved, "lambda": q.lambda_},
     )
+
+
+METHOD = Method(
+    name="task_arithmetic",
+    recipe=TaskArithmeticRecipe,
+    params=TaskArithmeticParams,
+    plan=plan_task_arithmetic,
+    summary="base + λ Σ w_i (T_i − base)",
+    title="task arithmetic",
+    tags=("task-arithmetic",),
+    base="required",
+)

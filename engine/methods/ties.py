@@ -8,9 +8,41 @@ entries (0 → 1); out = base + λ·sum. The arithmetic lives in kernels.py.
 
 from __future__ import annotations
 
-from engine.methods.base import Inputs, MethodPlan
+from typing import Annotated, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from engine.methods.base import Inputs, Method, MethodPlan
 from engine.plan import Op, Term, TiesSettings
-from engine.recipe import TiesRecipe
+from engine.recipe_parts import (
+    MAX_MODELS,
+    ModelsRecipe,
+    Source,
+    Strict,
+    check_weights,
+)
+
+
+class TiesParams(Strict):
+    model_config = ConfigDict(populate_by_name=True)
+    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
+        "uniform", description="uniform = 1.0 each"
+    )
+    density: float = Field(0.5, gt=0, le=1, description="fraction of each delta kept")
+    lambda_: float = Field(1.0, alias="lambda", description="scale of the merged delta")
+    normalize: bool = True
+
+
+class TiesRecipe(ModelsRecipe):
+    method: Literal["ties"]
+    base: Source
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    params: TiesParams = TiesParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_weights(self.params.weights, len(self.models), positive=True)
+        return self
 
 
 def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
@@ -30,3 +62,15 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
         ties=TiesSettings(base, q.density, q.lambda_, q.normalize),
         resolved_weights={"models": resolved},
     )
+
+
+METHOD = Method(
+    name="ties",
+    recipe=TiesRecipe,
+    params=TiesParams,
+    plan=plan_ties,
+    summary="trim, elect sign, disjoint merge (Yadav et al. 2023)",
+    title="TIES merging",
+    tags=("ties",),
+    base="required",
+)

@@ -23,7 +23,8 @@ from engine.errors import (
     OutputError,
     RecipeError,
 )
-from engine.recipe import METHODS, recipe_error_from
+from engine.methods import METHODS
+from engine.recipe import recipe_error_from
 from service.exposure import Exposure, exposure_for
 
 log = logging.getLogger("layerswap.api")

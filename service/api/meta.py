@@ -11,38 +11,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent, as_utc, utcnow
-from engine.recipe import (
-    LayerSwapParams,
-    LinearParams,
-    PassthroughParams,
-    SlerpParams,
-    SoupParams,
-    TaskArithmeticParams,
-    TiesParams,
-)
+from engine.methods import METHODS
 from service.api.deps import Context, ContextDep, OperatorDep
 from service.api.errors import error_response, is_database_outage
 
 router = APIRouter(tags=["meta"])
 log = logging.getLogger("layerswap.api")
-
-METHOD_DOCS: dict[str, tuple[str, type[Any], str]] = {
-    "layer_swap": (
-        "experts",
-        LayerSwapParams,
-        "bottom/top layers from the language expert, the middle from the task expert",
-    ),
-    "soup": ("models", SoupParams, "weighted average of checkpoints"),
-    "task_arithmetic": ("models", TaskArithmeticParams, "base + λ Σ w_i (T_i − base)"),
-    "ties": ("models", TiesParams, "trim, elect sign, disjoint merge (Yadav et al. 2023)"),
-    "linear": ("models", LinearParams, "mergekit's linear: Σ w_i T_i (÷ Σ w_i with normalize)"),
-    "slerp": ("models", SlerpParams, "spherical interpolation of two models by t, per tensor"),
-    "passthrough": (
-        "models",
-        PassthroughParams,
-        "layers of the models stacked by slices into a deeper or shallower model (mergekit's)",
-    ),
-}
 
 
 @router.get("/v1/methods")
@@ -50,14 +24,14 @@ def methods() -> list[dict[str, Any]]:
     """Merge methods and their parameters, with types, defaults and ranges (JSON Schema). No
     key needed: like /openapi.json it is made from the code alone (service/app.py)."""
     listed = []
-    for name, (inputs, params, summary) in METHOD_DOCS.items():
-        schema = params.model_json_schema(by_alias=True)
+    for method in METHODS.values():
+        schema = method.params.model_json_schema(by_alias=True)
         listed.append(
             {
-                "method": name,
-                "summary": summary,
-                "inputs": inputs,
-                "base": "required" if name in ("task_arithmetic", "ties") else "optional",
+                "method": method.name,
+                "summary": method.summary,
+                "inputs": method.inputs,
+                "base": method.base,
                 "params": schema["properties"],
                 # the params without a default (passthrough's slices): a recipe must give them
                 "required": schema.get("required", []),

@@ -27,7 +27,7 @@ from core.jobs import Executor
 from core.lineage import delete_artifact
 from core.settings import Settings
 from core.webhooks.outbox import sweep_ended
-from engine.recipe import LayerSwapParams
+from engine.methods.layer_swap import LayerSwapParams
 from service.sweeps.create import (
     CANCELED,
     CANCELING,

@@ -9,14 +9,10 @@ from typing import Any
 import pytest
 
 from engine.errors import RecipeError
-from engine.recipe import (
-    LayerSwapRecipe,
-    SoupRecipe,
-    TiesRecipe,
-    parse_recipe,
-    parse_size,
-    recipe_to_dict,
-)
+from engine.methods.layer_swap import LayerSwapRecipe
+from engine.methods.soup import SoupRecipe
+from engine.methods.ties import TiesRecipe
+from engine.recipe import parse_recipe, parse_size, recipe_to_dict
 from tests.conftest import Family
 from tests.helpers import leftovers
 

@@ -573,9 +573,9 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "soup": "optional",
         "task_arithmetic": "required",
         "ties": "required",
-        "linear": "optional",
-        "slerp": "optional",
-        "passthrough": "optional",
+        "linear": "unused",
+        "slerp": "unused",
+        "passthrough": "unused",
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})

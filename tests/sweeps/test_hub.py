@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.recipe import LayerSwapParams
+from engine.methods.layer_swap import LayerSwapParams
 from service.sweeps.expand import label
 from tests.evaluation.conftest import TASK, Model
 from tests.evaluation.test_api import EVALUATION
