@@ -78,9 +78,11 @@ if TYPE_CHECKING:
 
     MergeRequest = RecipeRequest | MergekitMerge
 else:
-    _TAGGED = tuple(Annotated[r, Tag(name)] for name, r in zip(METHODS, MERGE_REQUESTS, strict=True))
+    _TAGGED = tuple(
+        Annotated[r, Tag(name)] for name, r in zip(METHODS, MERGE_REQUESTS, strict=True)
+    )
     MergeRequest = Annotated[
-        Union[(*_TAGGED, Annotated[MergekitMerge, Tag("mergekit")])],  # noqa: UP007
+        Union[(*_TAGGED, Annotated[MergekitMerge, Tag("mergekit")])],
         Discriminator(_merge_kind),
     ]
 
