@@ -75,6 +75,7 @@ class Kernels:
         return {
             "linear": lambda tensor: partial(self._linear, tensor),
             "ties": self._ties_computation,
+            "task_arithmetic": lambda tensor: partial(self._task_arithmetic, tensor),
             "weighted_sum": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "slerp": lambda tensor: (
@@ -113,6 +114,28 @@ class Kernels:
             acc = x if acc is None else acc.add_(x)
         assert acc is not None
         return acc
+
+    def _task_arithmetic(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
+        """base + λ·Σ c_i·(T_i − base), each step rounded as mergekit's task_arithmetic rounds
+        it: the deltas weighted and summed in model order, divided by Σ c_i (in float32; not
+        when about 0) with `normalize`, scaled by λ, added to the base. No cancellation, unlike
+        the expanded (1 − λΣc)·base + Σ λc_i·T_i."""
+        settings = self._ties_settings()
+        base = self._read(settings.base, tensor.read_name, start, count)
+        mixed: torch.Tensor | None = None
+        for term in tensor.terms:
+            delta = self._read(term.source, tensor.read_name, start, count).sub_(base)
+            if term.coefficient != 1.0:
+                delta.mul_(term.coefficient)
+            mixed = delta if mixed is None else mixed.add_(delta)
+        assert mixed is not None
+        if settings.normalize:
+            divisor = float(torch.tensor([t.coefficient for t in tensor.terms]).sum())
+            if abs(divisor) >= 1e-8:
+                mixed.div_(divisor)
+        if settings.lambda_ != 1.0:
+            mixed.mul_(settings.lambda_)
+        return base.add_(mixed)
 
     def _ties_settings(self) -> TiesSettings:
         assert self.plan.ties is not None

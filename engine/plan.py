@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # vocabulary.py builds on this module's types
     from engine.vocabulary import VocabularyPlan
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
-# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
-Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp"]
+# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
+# task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize).
+Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp", "task_arithmetic"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Plan:
     num_layers: int | None  # the language model's layers; None when no stack was recognised
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
-    ties: TiesSettings | None = None
+    ties: TiesSettings | None = None  # TIES's, and task arithmetic's base, λ and normalize
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
@@ -140,8 +141,8 @@ class Plan:
             if t.layer not in seen:
                 label = "non-layer" if t.layer is None else str(t.layer)
                 terms = self.describe_terms(t.terms)
-                if t.op == "ties" and self.ties is not None:
-                    terms = f"ties(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op in ("ties", "task_arithmetic") and self.ties is not None:
+                    terms = f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
                 seen[t.layer] = LayerRow(label, t.origin, terms)
         rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
         if None in seen:
