@@ -114,6 +114,17 @@ def test_union_soup(chat: ChatFamily, run_merge: Any, chunk_elements: int) -> No
     _assert_tokenizer_numbers_rows(result.out_dir, output, chat.chat)
 
 
+def task_arithmetic(
+    base: torch.Tensor, models: list[torch.Tensor], weights: list[float], lambda_: float = 1.0
+) -> torch.Tensor:
+    """base + λ·Σ w_i·(T_i − base) in float32, in that order (as mergekit computes it)."""
+    b = base.float()
+    total = torch.zeros_like(b)
+    for w, t in zip(weights, models, strict=True):
+        total = total + w * (t.float() - b)
+    return b + lambda_ * total
+
+
 def test_union_task_arithmetic_averages_where_the_base_lacks_a_token(
     chat: ChatFamily, run_merge: Any
 ) -> None:
@@ -126,7 +137,7 @@ def test_union_task_arithmetic_averages_where_the_base_lacks_a_token(
 
     def expected(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         *fine_tunes, base_t = tensors
-        return combine([1 - 1.3, 0.7, 0.4, 0.2], [base_t, *fine_tunes]).to(base_t.dtype)
+        return task_arithmetic(base_t, fine_tunes, [0.7, 0.4, 0.2]).to(base_t.dtype)
 
     _check_rows(result.out_dir, [*models, chat.base], 3, expected, [0, 1, 2, 3])
     assert_forward_pass(result.out_dir)
@@ -254,7 +265,7 @@ def test_word_vocabularies_task_arithmetic(words: dict[str, Path], run_merge: An
 
     def expected(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         left, right, base = tensors
-        return combine([1 - 0.9, 0.6, 0.3], [base, left, right]).to(base.dtype)
+        return task_arithmetic(base, [left, right], [0.6, 0.3]).to(base.dtype)
 
     paths = [words["left"], words["right"], words["base"]]
     output = _check_rows(result.out_dir, paths, 2, expected, [0, 1, 2])
