@@ -48,7 +48,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 TIME = Path("/usr/bin/time")
-METHODS = ("layer_swap", "soup", "ties")
+METHODS = ("layer_swap", "soup", "ties", "slerp", "passthrough")
 # mergekit's sparsifying task-vector methods: run with --methods (not by default: mergekit's
 # DELLA alone takes ~20 minutes on the large preset). Each over base + [task, lang], weight 1.0
 # and density 0.5 per model, with the methods' other defaults (gamma 0.01, epsilon 0.15).
@@ -56,10 +56,9 @@ SPARSE_METHODS = ("dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties",
                   "della_linear")  # fmt: skip
 SPARSE_EXTRA = {"breadcrumbs": {"gamma": 0.01}, "breadcrumbs_ties": {"gamma": 0.01},
                 "della": {"epsilon": 0.15}, "della_linear": {"epsilon": 0.15}}  # fmt: skip
-READS = {
-    "layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
-    **dict.fromkeys(SPARSE_METHODS, ("base", "task", "lang")),
-}  # fmt: skip
+READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
+         "slerp": ("task", "lang"), "passthrough": ("task", "lang"),
+         **dict.fromkeys(SPARSE_METHODS, ("base", "task", "lang"))}  # fmt: skip
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -134,6 +133,12 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             "models": [task, lang],
             "params": {"density": 0.5, "lambda": 1.0, "normalize": True},
         },
+        "slerp": {"method": "slerp", "models": [task, lang], "params": {"t": 0.5}},
+        "passthrough": {
+            "method": "passthrough",
+            "models": [task, lang],
+            "params": {"slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)]},
+        },
         **{
             method: {
                 "method": method,
@@ -144,6 +149,15 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             for method in SPARSE_METHODS
         },
     }
+
+
+def frankenmerge(task: str, lang: str, layers: int) -> list[dict[str, Any]]:
+    """A passthrough 1.5x as deep: all the task expert's layers, then the top half of the
+    language expert's (mergekit's `slices`, one source each)."""
+    return [
+        {"model": task, "layer_range": [0, layers]},
+        {"model": lang, "layer_range": [layers // 2, layers]},
+    ]
 
 
 def _weight(owner: str, model: str, non_layer_filters: tuple[str, ...]) -> Any:
@@ -225,6 +239,18 @@ def mergekit_configs(models: dict[str, Path], layers: int) -> dict[str, dict[str
                 {"model": lang, "parameters": {"weight": 1.0, "density": 0.5}},
             ],
             "parameters": {"normalize": True, "lambda": 1.0},
+            "dtype": "bfloat16",
+        },
+        "slerp": {
+            "merge_method": "slerp",
+            "base_model": task,
+            "models": [{"model": task}, {"model": lang}],
+            "parameters": {"t": 0.5},
+            "dtype": "bfloat16",
+        },
+        "passthrough": {
+            "merge_method": "passthrough",
+            "slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)],
             "dtype": "bfloat16",
         },
         **{

@@ -8,6 +8,7 @@ then combines chunk by chunk; the sparsifying methods are sparse_torch.py's.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -18,10 +19,12 @@ from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
 from engine.sparse_torch import SparseMerge
-from engine.tensor_io import TORCH_DTYPES, read_elements
+from engine.tensor_io import TORCH_DTYPES, read_planned
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
 Compute = Callable[[int, int], torch.Tensor]
+# torch's threads for CPU arithmetic: two cores are left to the writer (hashing, writing).
+CPU_THREADS = max(1, (os.cpu_count() or 1) - 2)
 
 
 class Kernels:
@@ -52,11 +55,20 @@ class Kernels:
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
         numel = math.prod(tensor.shape)
-        compute = self._computations[tensor.op](tensor)
         step = self.compute_elements
-        for start in range(0, numel, step):
-            count = min(step, numel - start)
-            yield compute(start, count).to(TORCH_DTYPES[tensor.dtype]).cpu()
+        previous = torch.get_num_threads()
+        if self.device.type == "cpu":
+            # The writer's threads hash and write beside this one: torch's OpenMP threads,
+            # spinning at their barriers on cores those threads hold, made each elementwise op
+            # ~10x slower (a 0.25B slerp: 31 -> 4 s with one thread, measured).
+            torch.set_num_threads(CPU_THREADS)
+        try:
+            compute = self._computations[tensor.op](tensor)
+            for start in range(0, numel, step):
+                count = min(step, numel - start)
+                yield compute(start, count).to(TORCH_DTYPES[tensor.dtype]).cpu()
+        finally:
+            torch.set_num_threads(previous)
 
     @property
     def _computations(self) -> dict[str, Callable[[TensorPlan], Compute]]:
@@ -64,6 +76,7 @@ class Kernels:
         return {
             "linear": lambda tensor: partial(self._linear, tensor),
             "ties": self._ties_computation,
+            "task_arithmetic": lambda tensor: partial(self._task_arithmetic, tensor),
             "weighted_sum": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "slerp": lambda tensor: (
@@ -97,8 +110,7 @@ class Kernels:
             yield chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
-        checkpoint = self.plan.checkpoints[source]
-        raw = read_elements(checkpoint, checkpoint.tensors[name], start, count)
+        raw = read_planned(self.plan, source, name, start, count)
         wide = torch.float64 if raw.dtype == torch.float64 else torch.float32
         return raw.to(self.device).to(wide)
 
@@ -111,6 +123,28 @@ class Kernels:
             acc = x if acc is None else acc.add_(x)
         assert acc is not None
         return acc
+
+    def _task_arithmetic(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
+        """base + λ·Σ c_i·(T_i − base), each step rounded as mergekit's task_arithmetic rounds
+        it: the deltas weighted and summed in model order, divided by Σ c_i (in float32; not
+        when about 0) with `normalize`, scaled by λ, added to the base. No cancellation, unlike
+        the expanded (1 − λΣc)·base + Σ λc_i·T_i."""
+        settings = self._ties_settings()
+        base = self._read(settings.base, tensor.read_name, start, count)
+        mixed: torch.Tensor | None = None
+        for term in tensor.terms:
+            delta = self._read(term.source, tensor.read_name, start, count).sub_(base)
+            if term.coefficient != 1.0:
+                delta.mul_(term.coefficient)
+            mixed = delta if mixed is None else mixed.add_(delta)
+        assert mixed is not None
+        if settings.normalize:
+            divisor = float(torch.tensor([t.coefficient for t in tensor.terms]).sum())
+            if abs(divisor) >= 1e-8:
+                mixed.div_(divisor)
+        if settings.lambda_ != 1.0:
+            mixed.mul_(settings.lambda_)
+        return base.add_(mixed)
 
     def _ties_settings(self) -> TiesSettings:
         assert self.plan.ties is not None

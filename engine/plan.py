@@ -10,16 +10,29 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
 
+if TYPE_CHECKING:  # vocabulary.py builds on this module's types
+    from engine.vocabulary import VocabularyPlan
+
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
-# sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning).
-Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp", "sparsify"]
+# sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning);
+# task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize).
+Op = Literal[
+    "copy",
+    "linear",
+    "ties",
+    "weighted_sum",
+    "weighted_mean",
+    "slerp",
+    "task_arithmetic",
+    "sparsify",
+]
 
 
 @dataclass(frozen=True)
@@ -118,28 +131,42 @@ class Plan:
     num_layers: int | None  # the language model's layers; None when no stack was recognised
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
-    ties: TiesSettings | None = None
+    ties: TiesSettings | None = None  # TIES's, and task arithmetic's base, λ and normalize
     sparsify: SparsifySettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
     # config.json keys (dotted paths) the output changes: a passthrough's layer count.
     config_changes: dict[str, Any] = field(default_factory=dict)
+    # Set when the inputs' vocabularies are aligned (recipe field tokenizer_source).
+    vocabulary: VocabularyPlan | None = field(default=None, repr=False, compare=False)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
-    def reads(self, tensor: TensorPlan) -> set[int]:
-        """The inputs a tensor is made from: its terms' and, for TIES and the sparsifying
-        methods, the base the deltas are taken from."""
+    def inputs_read(self, tensor: TensorPlan) -> set[int]:
+        """The inputs whose copy of `tensor` computing it reads: its terms' and, for TIES and
+        the sparsifying methods, the base the deltas are taken from."""
         sources = {t.source for t in tensor.terms}
         if tensor.op == "ties" and self.ties is not None:
             sources.add(self.ties.base)
         if tensor.op == "sparsify" and self.sparsify is not None:
             sources.add(self.sparsify.base)
+        if self.vocabulary is not None and tensor.read_name in self.vocabulary.tensors:
+            sources = self.vocabulary.reads(sources)
         return sources
+
+    def read_into(self, source: int, name: str, buffer: memoryview, first_byte: int = 0) -> None:
+        """Fill `buffer` with input `source`'s tensor `name` from `first_byte` on, as the output
+        sees it: its own bytes, or, for an embedding or head whose vocabulary is aligned, its
+        rows in the output vocabulary's order (vocabulary.py)."""
+        if self.vocabulary is not None and name in self.vocabulary.tensors:
+            self.vocabulary.read_into(self.checkpoints, source, name, buffer, first_byte)
+            return
+        checkpoint = self.checkpoints[source]
+        checkpoint.read_into(checkpoint.tensors[name], buffer, first_byte)
 
     def describe_terms(self, terms: tuple[Term, ...]) -> str:
         if len(terms) == 1 and terms[0].coefficient == 1.0:
@@ -155,8 +182,8 @@ class Plan:
             if t.layer not in seen:
                 label = "non-layer" if t.layer is None else str(t.layer)
                 terms = self.describe_terms(t.terms)
-                if t.op == "ties" and self.ties is not None:
-                    terms = f"ties(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op in ("ties", "task_arithmetic") and self.ties is not None:
+                    terms = f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
                 if t.op == "sparsify" and self.sparsify is not None:
                     base = self.inputs[self.sparsify.base].label
                     terms = f"{self.method}(base={base}; {terms})"
@@ -179,6 +206,8 @@ class Plan:
         )
         if self.layer_stack is not None:
             lines.append(self.layer_stack.describe())
+        if self.vocabulary is not None:
+            lines.append(self.vocabulary.describe([i.label for i in self.inputs]))
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,6 +224,7 @@ class Plan:
             "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
             # only when present, so plans without them keep their digests
             **({"config_changes": self.config_changes} if self.config_changes else {}),
+            **({"vocabulary": self.vocabulary.to_dict()} if self.vocabulary else {}),
             **({"sparsify": asdict(self.sparsify)} if self.sparsify else {}),
         }
 

@@ -50,7 +50,8 @@ def handles(plan: Plan, device: str) -> bool:
             continue
         if tensor.op != "sparsify" or tensor.dtype not in SUPPORTED_DTYPES:
             return False
-        dtypes = {plan.checkpoints[s].tensors[tensor.read_name].dtype for s in plan.reads(tensor)}
+        read = plan.inputs_read(tensor)
+        dtypes = {plan.checkpoints[s].tensors[tensor.read_name].dtype for s in read}
         if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:  # one (validate.py checks it)
             return False
         if plan.sparsify.dropping == "magprune" and len(tensor.shape) > 2:
@@ -289,13 +290,14 @@ class SparseKernels:
         )
 
         def read(source: int, row: Array) -> None:
-            checkpoint = self.plan.checkpoints[source]
-            info = checkpoint.tensors[tensor.read_name]
+            # as the output sees it: rows aligned to the output vocabulary where they are
+            info = self.plan.checkpoints[source].tensors[tensor.read_name]
+            first_byte = start * info.itemsize
             if info.dtype != "F16":  # the bytes as they are
-                checkpoint.read_into(info, row.view(np.uint8).data, start * info.itemsize)
+                self.plan.read_into(source, tensor.read_name, row.view(np.uint8).data, first_byte)
                 return
             raw = np.empty(count * info.itemsize, np.uint8)
-            checkpoint.read_into(info, raw.data, start * info.itemsize)
+            self.plan.read_into(source, tensor.read_name, raw.data, first_byte)
             row[:] = raw.view(np.float16)
 
         side_by_side(

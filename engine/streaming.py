@@ -210,7 +210,7 @@ def _write_computed(
 
 def _advise_read_ahead(plan: Plan, tensor: TensorPlan) -> None:
     """Ask the kernel to start reading this tensor's inputs while earlier work proceeds."""
-    for source in plan.reads(tensor):
+    for source in plan.inputs_read(tensor):
         checkpoint = plan.checkpoints[source]
         info = checkpoint.tensors[tensor.read_name]
         os.posix_fadvise(

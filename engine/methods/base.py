@@ -43,6 +43,16 @@ class Inputs:
 
         if self.base is None:
             raise RecipeError.for_field("base", f"required for magnitude weights ({field})")
+        base_tensors = self.checkpoints[self.base].tensors
+        for i in indices:  # only aligned vocabularies differ in shape (validate.py)
+            other = self.checkpoints[i].tensors
+            if resized := [n for n, t in base_tensors.items() if other[n].shape != t.shape]:
+                raise RecipeError.for_field(
+                    field,
+                    f"magnitude weights compare {self.refs[i].label} with the base tensor by "
+                    f"tensor, and its {resized[0]} has other rows (another vocabulary); give "
+                    "explicit weights",
+                )
         if self.headers_only:
             return [1.0] * len(indices)
         base = self.checkpoints[self.base]
@@ -129,3 +139,6 @@ class Method:
     inputs: Literal["models", "experts"] = "models"
     # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
     pair_baseline: bool = True
+    # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
+    # rule (engine/vocabulary.py), whatever the recipe's `base`.
+    first_model_is_base: bool = False

@@ -133,6 +133,12 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
         "params.slices.0.sources.0.model",
     ),
     (
+        "tokenizer_source naming no input",
+        with_(soup(), tokenizer_source="./elsewhere"),
+        "tokenizer_source",
+    ),
+    ("tokenizer_source empty", with_(layer_swap(), tokenizer_source=""), "tokenizer_source"),
+    (
         "linear weight count",
         {"method": "linear", "models": ["a", "b"], "params": {"weights": [1.0]}},
         "params.weights",
