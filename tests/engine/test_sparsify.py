@@ -331,6 +331,32 @@ def test_della_ranks_a_3d_tensor_along_its_second_dimension() -> None:
     assert_equal(got, expected, "w")
 
 
+def test_aligned_vocabularies(tmp_path_factory: pytest.TempPathFactory, run_merge: Any) -> None:
+    """tokenizer_source: union: the embedding and head are merged row by row in the output
+    vocabulary (the base's row filling a token a model lacks), masks drawn at the output's
+    element indices; the model runs."""
+    from tests.engine.vocabularies import aligned, embedding_names, make_chat_family, vocabulary
+
+    chat = make_chat_family(tmp_path_factory.mktemp("chat"), dtype=torch.bfloat16)
+    recipe = {"method": "dare_ties", "base": chat.base, "models": [chat.chat, chat.tool],
+              "params": {"density": 0.4, "weights": [1.0, 0.8]},
+              "tokenizer_source": "union"}  # fmt: skip
+    result = run_merge(recipe)
+    paths = [chat.chat, chat.tool, chat.base]
+    out, output = load(result.out_dir), vocabulary(result.out_dir)
+    inputs, vocabularies = [load(p) for p in paths], [vocabulary(p) for p in paths]
+    names = embedding_names(out)
+    assert names
+    for name in names:
+        rows = aligned(output, vocabularies, [t[name] for t in inputs], base=2)
+        masks: list[torch.Tensor | None] = [
+            dare_mask(rows[i].float() - rows[2].float(), 0.4, 0, name, i) for i in range(2)
+        ]
+        expected = sparse_merge(rows[2], rows[:2], [1.0, 0.8], masks, Merge(True, False, True))
+        assert_equal(out[name], expected.to(rows[2].dtype), name)
+    assert_forward_pass(result.out_dir)
+
+
 def test_merged_model_loads_and_runs(llama: Family, run_merge: Any) -> None:
     result = run_merge(_recipe(llama, "della", {"density": 0.5, "epsilon": 0.1}))
     assert_forward_pass(result.out_dir)
