@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numba
@@ -36,12 +34,12 @@ import numpy.typing as npt
 from numba import types
 from numba.extending import overload
 
+from engine.float_bits import from_bf16, to_bf16
 from engine.memory import keep_freed_memory
+from engine.parallel import THREADS, parallel, side_by_side
 from engine.plan import Plan, TensorPlan, TiesSettings
 
 SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
-THREADS = max(1, min(4, os.cpu_count() or 1))
-_MIN_SPLIT = 1 << 16  # below this many elements one thread does it all
 _BINS = 1 << 16
 
 Array = npt.NDArray[Any]
@@ -76,7 +74,7 @@ def _as_float32_impl(value: Any) -> Any:
     if isinstance(value, types.Integer):
 
         def from_bf16_bits(value: Any) -> Any:
-            return np.uint32(np.uint32(value) << np.uint32(16)).view(np.float32)
+            return from_bf16(value)
 
         return from_bf16_bits
 
@@ -129,13 +127,10 @@ def _store_impl(out: Any, j: Any, value: Any) -> Any:
     NaN (as linear_kernels.narrow); into a float32 one: as is."""
     if isinstance(out.dtype, types.Integer):
 
-        def to_bf16(out: Any, j: Any, value: Any) -> Any:
-            bits = np.float32(value).view(np.uint32)
-            half = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
-            rounded = np.uint16(np.uint32(bits + half) >> np.uint32(16))
-            out[j] = rounded if value == value else np.uint16(0x7FC0)  # a select, not a branch
+        def store_bf16(out: Any, j: Any, value: Any) -> Any:
+            out[j] = to_bf16(value)
 
-        return to_bf16
+        return store_bf16
 
     def as_is(out: Any, j: Any, value: Any) -> Any:
         out[j] = value
@@ -237,7 +232,7 @@ class TiesKernels:
             count = min(step, numel - start)
             base, terms = inputs(start, count)
             out = np.empty(count, np.uint16 if tensor.dtype == "BF16" else np.float32)
-            _parallel(
+            parallel(
                 _combine, count, base, terms, start, coefficients, thresholds, cutoffs,
                 trim, self.settings.normalize, lambda_, out,
             )  # fmt: skip
@@ -281,7 +276,7 @@ class TiesKernels:
                 count = min(step, numel - start)
                 model, base = delta_inputs(start, count)
                 bits = np.empty(count, np.uint32)
-                _parallel(_abs_delta_bits, count, model, base, bits, high_counts, split=True)
+                parallel(_abs_delta_bits, count, model, base, bits, high_counts, split=True)
                 yield start, bits
 
         kept = list(passes()) if step >= numel else None
@@ -295,7 +290,7 @@ class TiesKernels:
         high, above_high, remaining = _pick_bin(high_counts.sum(axis=0), k)
         low_counts = np.zeros((THREADS, _BINS), np.int64)
         for _, bits in again():
-            _parallel(_low_histogram, bits.size, bits, high, low_counts, split=True)
+            parallel(_low_histogram, bits.size, bits, high, low_counts, split=True)
         low, above_low, _ = _pick_bin(low_counts.sum(axis=0), remaining)
         threshold = (high << 16) | low
         needed = k - above_high - above_low  # tied entries kept: the first ones in flat order
@@ -328,45 +323,10 @@ class TiesKernels:
             checkpoint.read_into(info, raw.data, start * info.itemsize)
             row[:] = raw.view(np.float16)
 
-        _side_by_side(
+        side_by_side(
             [functools.partial(read, s, row) for s, row in zip(sources, rows, strict=True)]
         )
         return rows[0], rows[1:]
-
-
-# -- threads ------------------------------------------------------------------------------------
-def _parallel(kernel: Any, n: int, *args: Any, split: bool = False) -> None:
-    """Run `kernel(*args, lo, hi)` over [0, n) in up to THREADS slices (the kernels release
-    the GIL). With `split`, the last argument has a row per slice (a histogram each)."""
-    slices = THREADS if n >= _MIN_SPLIT else 1
-    bounds = [n * s // slices for s in range(slices + 1)]
-    _side_by_side(
-        [
-            functools.partial(
-                kernel, *args[:-1], args[-1][s] if split else args[-1], bounds[s], bounds[s + 1]
-            )
-            for s in range(slices)
-        ]
-    )
-
-
-def _side_by_side(calls: list[Callable[[], None]]) -> None:
-    """Run the calls on the caller's thread and the pool's, all at once."""
-    futures = [_pool().submit(call) for call in calls[1:]]
-    calls[0]()
-    for future in futures:
-        future.result()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Helper threads for the slices after the first (the caller's thread runs that one)."""
-    return _pool_of(os.getpid())
-
-
-@functools.cache
-def _pool_of(pid: int) -> ThreadPoolExecutor:
-    """One per process: a forked child (a prefork worker) has none of its parent's threads."""
-    return ThreadPoolExecutor(max(1, THREADS - 1), thread_name_prefix="ties")
 
 
 def _pick_bin(counts: Array, k: int) -> tuple[int, int, int]:
