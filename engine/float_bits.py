@@ -20,7 +20,7 @@ from typing import Any, cast
 import numba
 import numpy as np
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _u32 = np.uint32
 _inline = numba.njit(inline="always", cache=True)
@@ -46,6 +46,26 @@ fma = cast(Callable[[Any, Any, Any], Any], _fma)  # as compiled code calls it
 def from_bf16(bits: Any) -> Any:
     """BF16 is the upper half of a float32."""
     return _u32(_u32(bits) << _u32(16)).view(np.float32)
+
+
+def as_float32(value: Any) -> Any:
+    """BF16 bits (a uint16) widened, a float as float32: one kernel serves both dtypes."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(as_float32, inline="always")
+def _as_float32(value: Any) -> Any:
+    if isinstance(value, types.Integer):
+
+        def widen(value: Any) -> Any:
+            return from_bf16(value)
+
+        return widen
+
+    def as_is(value: Any) -> Any:
+        return np.float32(value)
+
+    return as_is
 
 
 @_inline
