@@ -14,6 +14,7 @@ as torch's separate mul_ and add_ do.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -21,7 +22,30 @@ import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic, overload
+from numba.np import linalg
 
+
+def _skip_blas_probe() -> None:
+    """numba's CPU target, loaded by the first compiled call of a process, imports scipy.linalg
+    only to learn whether its np.cov and np.corrcoef may call BLAS: 0.2 CPU-seconds, twice
+    that in wall time, and OpenBLAS's threads started, in every merge. Nothing here uses them:
+    that module is loaded first, told there is no BLAS (it then computes those in loops)."""
+    if "numba.np.arraymath" in sys.modules:
+        return
+    probe = linalg.ensure_blas
+
+    def no_blas() -> None:
+        raise ImportError("BLAS not probed: no compiled kernel here uses it")
+
+    linalg.ensure_blas = no_blas
+    try:
+        from numba.np import arraymath
+    finally:
+        linalg.ensure_blas = probe
+    arraymath.ensure_blas = probe  # type: ignore[attr-defined]
+
+
+_skip_blas_probe()
 _u32 = np.uint32
 _inline = numba.njit(inline="always", cache=True)
 
