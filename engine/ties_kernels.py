@@ -43,7 +43,7 @@ SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 _BINS = 1 << 16
 
 Array = npt.NDArray[Any]
-_jit = numba.njit(nogil=True, cache=True)
+_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 
 
 def handles(plan: Plan, device: str) -> bool:
@@ -108,16 +108,16 @@ def _combine(
             b[q] = as_float32(block_base[q])
             positive[q], negative[q], up[q], down[q] = zero, zero, zero, zero
         for i in range(terms.shape[0]):
-            row, c, threshold = terms[i, start : start + width], coefficients[i], thresholds[i]
-            ties_end = cutoffs[i] - first - start  # tied entries before it are kept
+            row, c, threshold = terms[i][start : start + width], coefficients[i], thresholds[i]
+            # the tied entries before it are kept; without trimming, everything is
+            ties_end = cutoffs[i] - first - start if trim else width
+            threshold = threshold if trim else np.uint32(0)
             for q in range(width):
                 delta = np.float32(as_float32(row[q]) - b[q])
-                if trim:
-                    bits = np.float32(abs(delta)).view(np.uint32)
-                    kept = bits > threshold or (bits == threshold and q < ties_end)
-                    delta = delta if kept else np.float32(delta * zero)  # ±0, as masking did
-                if c != one:
-                    delta = np.float32(delta * c)
+                bits = np.float32(abs(delta)).view(np.uint32)
+                kept = (bits > threshold) | ((bits == threshold) & (q < ties_end))
+                delta = delta if kept else np.float32(delta * zero)  # ±0, as masking did
+                delta = np.float32(delta * c)  # exact for c = 1
                 # NaN goes into both sums (so it reaches the output, as in the torch kernels)
                 positive[q] = np.float32(positive[q] + (zero if delta <= zero else delta))
                 negative[q] = np.float32(negative[q] + (zero if delta >= zero else delta))
@@ -126,11 +126,9 @@ def _combine(
         for q in range(width):
             elected_up = not np.float32(positive[q] + negative[q]) < zero  # zero counts as +
             mixed = positive[q] if elected_up else negative[q]
-            if normalize:
-                divisor = up[q] if elected_up else down[q]
-                mixed = np.float32(mixed / (divisor if divisor != zero else one))
-            if lambda_ != one:
-                mixed = np.float32(mixed * lambda_)
+            divisor = (up[q] if elected_up else down[q]) if normalize else one
+            mixed = np.float32(mixed / (divisor if divisor != zero else one))  # exact for 1
+            mixed = np.float32(mixed * lambda_)  # exact for λ = 1
             positive[q] = np.float32(b[q] + np.float32(mixed + zero))  # the result
         for q in range(width):  # a loop of its own: it vectorises only alone (measured 5x)
             _store(block_out, q, positive[q])
