@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -211,6 +212,7 @@ class LinearKernels:
         )  # fmt: skip
         for start in range(0, numel, self.step):
             count = min(self.step, numel - start)
+            _read_ahead(inputs, start + count, min(self.step, numel - start - count))
             out = np.empty(count * _ITEMSIZE[tensor.dtype], np.uint8)  # the writer keeps it
             parallel(_read_and_combine, count, inputs, rows, start, combine, out)
             yield out.data
@@ -221,6 +223,17 @@ class LinearKernels:
             shape = (max(terms, self._rows.shape[0]), max(width, self._rows.shape[1]))
             self._rows = np.empty(shape, np.uint8)
         return self._rows[:terms]
+
+
+def _read_ahead(inputs: list[tuple[Checkpoint, TensorInfo]], start: int, count: int) -> None:
+    """Have the kernel read elements [start, start + count) of every input into the page cache
+    while this chunk is computed (the threads' reads of their slices, side by side in one
+    file, do not look sequential to its own read-ahead)."""
+    if count <= 0:
+        return
+    for checkpoint, info in inputs:
+        fd, size = checkpoint.fd(info.file), info.itemsize
+        os.posix_fadvise(fd, info.start + start * size, count * size, os.POSIX_FADV_WILLNEED)
 
 
 def _read_and_combine(
