@@ -2,7 +2,7 @@
 
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
 output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
-then combines chunk by chunk.
+then combines chunk by chunk; nuslerp and model_stock measure angles first (angles.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from functools import partial
 
 import torch
 
+from engine.angles import RULES, AngleMerge
 from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
@@ -50,12 +51,20 @@ class Kernels:
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
+        for chunk in self._outputs(tensor):
+            yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
+
+    def _outputs(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
+        if tensor.op in RULES:  # angles per row or column: chunks of whole rows, its own
+            merge = AngleMerge(self._reader(tensor), tensor, chunk=self.selection_elements,
+                               block=self.compute_elements)  # fmt: skip
+            yield from merge.chunks()
+            return
         numel = math.prod(tensor.shape)
         compute = self._computations[tensor.op](tensor)
         step = self.compute_elements
         for start in range(0, numel, step):
-            count = min(step, numel - start)
-            yield compute(start, count).to(TORCH_DTYPES[tensor.dtype]).cpu()
+            yield compute(start, min(step, numel - start))
 
     @property
     def _computations(self) -> dict[str, Callable[[TensorPlan], Compute]]:

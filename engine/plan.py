@@ -18,7 +18,14 @@ from engine.safetensors_format import DTYPE_SIZES
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
-Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp"]
+# nuslerp (+ base when a third term), model_stock (models, then base): angles between the whole
+# tensors, or per row (along the last dim), or per column (along the first): angles.py.
+Op = Literal[
+    "copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp",
+    "nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows",
+]  # fmt: skip
+ANGLE_OPS = frozenset({"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock",
+                       "model_stock_rows"})  # fmt: skip
 
 
 @dataclass(frozen=True)

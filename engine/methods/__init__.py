@@ -6,6 +6,8 @@ from __future__ import annotations
 from engine.methods import (
     layer_swap,
     linear,
+    model_stock,
+    nuslerp,
     passthrough,
     slerp,
     soup,
@@ -23,7 +25,9 @@ METHODS: dict[str, Method] = {
         ties.METHOD,
         linear.METHOD,
         slerp.METHOD,
+        nuslerp.METHOD,
         passthrough.METHOD,
+        model_stock.METHOD,
     )
 }
 

@@ -1,8 +1,12 @@
-"""linear and slerp against mergekit 0.1.5 on the same checkpoints, every tensor compared.
+"""linear, slerp, passthrough, nuslerp and model_stock against mergekit 0.1.5 on the same
+checkpoints, every tensor compared.
 
-mergekit runs in .venv-bench (bench/setup.sh) with dtype = out_dtype = the checkpoints' own,
-so both sides widen to float32, compute and round once. Expected: equal bits; at most 1 ulp
-where a reduction (slerp's norms and dot) may sum in another order.
+mergekit runs in .venv-bench (bench/setup.sh) with out_dtype = the checkpoints' own and dtype
+the same for linear and slerp, whose kernels widen to float32 themselves; nuslerp and
+model_stock compute in `dtype` (bf16 arithmetic for bf16), so theirs is float32: both sides
+then widen to float32, compute and round once. Expected: equal bits; at most 1 ulp where a
+reduction (slerp's norms and dot; the angles of vectors longer than a chunk) sums in another
+order.
 """
 
 from __future__ import annotations
@@ -171,3 +175,99 @@ def test_passthrough_equals_mergekit(
     layers = sum(e - s for _, s, e in slices)
     for out in (ours, theirs):
         assert json.loads((out / "config.json").read_text())[key] == layers
+
+
+NUSLERP_CASES = [
+    (False, {"weights": [0.3, [0.2, 1.0]]}),
+    (True, {"weights": [1.0, 2.0]}),
+    (True, {"nuslerp_flatten": [{"filter": "self_attn", "value": False}, {"value": True}]}),
+    (False, {"nuslerp_flatten": [True, False], "nuslerp_row_wise": True}),
+]
+NUSLERP_IDS = ["gradient", "base", "rows-by-filter", "columns-by-layer"]
+
+
+def _nuslerp_config(fam: Family, with_base: bool, params: dict[str, Any], dtype: str) -> Any:
+    weights = params.get("weights", [1.0, 1.0])
+    switches = {k: v for k, v in params.items() if k != "weights"}
+    config = _mergekit_config(
+        "nuslerp", fam, [("task", {"weight": weights[0]}), ("language", {"weight": weights[1]})],
+        "float32", parameters=switches, out_dtype=dtype,
+    )  # fmt: skip
+    if with_base:
+        config["base_model"] = str(fam.base)
+    return config
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+@pytest.mark.parametrize(("with_base", "params"), NUSLERP_CASES, ids=NUSLERP_IDS)
+def test_nuslerp_equals_mergekit(
+    family_name: str,
+    with_base: bool,
+    params: dict[str, Any],
+    request: pytest.FixtureRequest,
+    run_merge: Any,
+    tmp_path: Path,
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    recipe: dict[str, Any] = {"method": "nuslerp", "models": [fam.task, fam.language],
+                              "params": params}  # fmt: skip
+    if with_base:
+        recipe["base"] = fam.base
+    ours = run_merge(recipe).out_dir
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    theirs = run_mergekit(_nuslerp_config(fam, with_base, params, dtype), tmp_path / "mergekit")
+    assert _compare(ours, theirs) == 0
+
+
+def _model_stock_config(fam: Family, models: list[str], filter_wise: Any, dtype: str) -> Any:
+    return _mergekit_config(
+        "model_stock", fam, [(m, {}) for m in models], "float32", out_dtype=dtype,
+        base_model=str(fam.base), parameters={"filter_wise": filter_wise},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family_name", "count", "filter_wise"),
+    [("llama", 2, False), ("llama", 3, True), ("llama32", 3, False), ("llama32", 2, True),
+     ("llama", 2, [{"filter": "mlp", "value": True}, {"value": False}])],
+    ids=["llama-2", "llama-3-rows", "llama32-3", "llama32-2-rows", "llama-2-rows-by-filter"],
+)  # fmt: skip
+def test_model_stock_equals_mergekit(
+    family_name: str,
+    count: int,
+    filter_wise: Any,
+    request: pytest.FixtureRequest,
+    run_merge: Any,
+    tmp_path: Path,
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    models = ["task", "language", "task2"][:count]
+    recipe = {
+        "method": "model_stock",
+        "base": fam.base,
+        "models": [getattr(fam, m) for m in models],
+        "params": {"filter_wise": filter_wise},
+    }
+    ours = run_merge(recipe).out_dir
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    theirs = run_mergekit(_model_stock_config(fam, models, filter_wise, dtype), tmp_path / "mk")
+    assert _compare(ours, theirs) == 0
+
+
+@pytest.mark.parametrize("method", ["nuslerp", "model_stock"])
+def test_vectors_longer_than_a_chunk_within_an_ulp_of_mergekit(
+    method: str, llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """With chunks of 1,000 elements every weight of the test models is measured by its
+    moments over chunks (summed in float64, in another order than mergekit's one reduction):
+    the bf16 outputs stay within 1 ulp of mergekit's (a float32 output differs in the last
+    bits, which are many ulps of its elements far smaller than their tensor)."""
+    if method == "nuslerp":
+        recipe: dict[str, Any] = {"method": "nuslerp", "models": [llama.task, llama.language]}
+        config = _nuslerp_config(llama, False, {}, "bfloat16")
+    else:
+        recipe = {"method": "model_stock", "base": llama.base,
+                  "models": [llama.task, llama.language, llama.task2]}  # fmt: skip
+        config = _model_stock_config(llama, ["task", "language", "task2"], False, "bfloat16")
+    ours = run_merge(recipe, chunk_elements=1000).out_dir
+    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
