@@ -7,6 +7,8 @@ For one preset made by make_checkpoints.py, every case below is run under `/usr/
                 layerswap with an empty sha256 cache, mergekit
     soup        layerswap, mergekit                    (uniform soup of task + lang)
     ties        layerswap, mergekit                    (TIES over base, density 0.5)
+    nuslerp     layerswap, mergekit                    (task + lang as task vectors of base)
+    model_stock layerswap, mergekit                    (base + task + lang)
     copy        cp -r of one input model               (the physical reference), and the same
                 followed by `sync` of the copied files (durable, like layerswap's default)
 
@@ -15,8 +17,9 @@ Every input is hashed into layerswap's warm sha256 cache first, untimed. Each ca
 the cases so that background load drifts over all of them alike. Before every run the output
 directory is removed (and `sync` run) and the run's inputs are read into the page cache.
 Results: bench/results/<preset>.json and bench/results/<preset>.md. With --verify (the
-default) the last outputs of the two tools are compared tensor by tensor, and layer swap and
-soup are also checked against a reference computed from the inputs.
+default) the last outputs of the two tools are compared tensor by tensor, layer swap and soup
+are also checked against a reference computed from the inputs, and nuslerp and model_stock
+against mergekit computing in float32 (run once more, untimed), as layerswap does.
 
     .venv/bin/python bench/run.py --preset small
 """
@@ -48,8 +51,12 @@ RESULTS_DIR = BENCH_DIR / "results"
 LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 TIME = Path("/usr/bin/time")
-METHODS = ("layer_swap", "soup", "ties")
-READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang")}
+METHODS = ("layer_swap", "soup", "ties", "nuslerp", "model_stock")
+READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
+         "nuslerp": ("base", "task", "lang"), "model_stock": ("base", "task", "lang")}  # fmt: skip
+# Methods whose arithmetic layerswap does in float32 where mergekit, told `dtype: bfloat16`,
+# does it in bf16: verified against mergekit run again with dtype float32, out_dtype bfloat16.
+FLOAT32_CHECKED = ("nuslerp", "model_stock")
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -124,6 +131,13 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             "models": [task, lang],
             "params": {"density": 0.5, "lambda": 1.0, "normalize": True},
         },
+        "nuslerp": {
+            "method": "nuslerp",
+            "base": base,
+            "models": [task, lang],
+            "params": {"weights": [1.0, 1.0]},
+        },
+        "model_stock": {"method": "model_stock", "base": base, "models": [task, lang]},
     }
 
 
@@ -208,11 +222,26 @@ def mergekit_configs(models: dict[str, Path], layers: int) -> dict[str, dict[str
             "parameters": {"normalize": True, "lambda": 1.0},
             "dtype": "bfloat16",
         },
+        "nuslerp": {
+            "merge_method": "nuslerp",
+            "base_model": base,
+            "models": [
+                {"model": task, "parameters": {"weight": 1.0}},
+                {"model": lang, "parameters": {"weight": 1.0}},
+            ],
+            "dtype": "bfloat16",
+        },
+        "model_stock": {
+            "merge_method": "model_stock",
+            "base_model": base,
+            "models": [{"model": task}, {"model": lang}],
+            "dtype": "bfloat16",
+        },
     }
 
 
-def ties_f32_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The TIES config computing in float32 (rounded once to bf16): verification only."""
+def float32_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A mergekit config computing in float32 (rounded once to bf16): verification only."""
     return {**config, "dtype": "float32", "out_dtype": "bfloat16"}
 
 
@@ -671,7 +700,7 @@ def describe_comparison(c: dict[str, Any]) -> str:
         text += (
             f"; {c['elements_differing']} of {c['elements']} elements differ "
             f"({100 * c['fraction_elements_differing']:.2f}%), max abs diff "
-            f"{c['max_abs_diff']:.3g}"
+            f"{c['max_abs_diff']:.3g}, at most {c['max_ulp_diff_same_sign']} ulp(s) apart"
         )
     return text
 
@@ -698,22 +727,32 @@ def verify(
             entry["ties_semantics"] = ties_reference_check(ls_out, mk, models, layers)
         result[method] = entry
         print(f"verify {method}: {json.dumps(entry)[:600]}", flush=True)
-    if "ties" in result and "layerswap_vs_mergekit" in result["ties"] and ties_f32:
-        config = mergekit_configs(models, layers)["ties"]
-        path = write_yaml(work / "recipes" / "mergekit-ties-float32.yaml", ties_f32_config(config))
-        out = work / "out" / "ties-mergekit-float32"
-        remove(out)
-        offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        subprocess.run(
-            [str(MERGEKIT), str(path), str(out), "--no-cuda", "--quiet"],
-            check=True, env={**os.environ, **offline}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        compared = compare_outputs(work / "out" / "ties-layerswap", out)
-        result["ties"]["layerswap_vs_mergekit_float32"] = compared
-        print(f"verify ties vs mergekit float32: {json.dumps(compared)[:400]}", flush=True)
-        remove(out)
+    for method in methods:
+        if method not in result or "layerswap_vs_mergekit" not in result[method]:
+            continue
+        if method in FLOAT32_CHECKED or (method == "ties" and ties_f32):
+            compared = compare_with_float32_mergekit(method, work, models, layers)
+            result[method]["layerswap_vs_mergekit_float32"] = compared
+            print(f"verify {method} vs mergekit float32: {json.dumps(compared)[:400]}", flush=True)
     return result
+
+
+def compare_with_float32_mergekit(
+    method: str, work: Path, models: dict[str, Path], layers: int
+) -> dict[str, Any]:
+    config = float32_config(mergekit_configs(models, layers)[method])
+    path = write_yaml(work / "recipes" / f"mergekit-{method}-float32.yaml", config)
+    out = work / "out" / f"{method}-mergekit-float32"
+    remove(out)
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run(
+        [str(MERGEKIT), str(path), str(out), "--no-cuda", "--quiet"],
+        check=True, env={**os.environ, **offline}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    compared = compare_outputs(work / "out" / f"{method}-layerswap", out)
+    remove(out)
+    return compared
 
 
 def fill_sha256_cache(cache: Path, models: tuple[Path, ...]) -> None:

@@ -566,7 +566,8 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert response.status_code == 200
     methods = {m["method"]: m for m in response.json()}
     assert set(methods) == {
-        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough"
+        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "nuslerp",
+        "passthrough", "model_stock",
     }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
@@ -575,13 +576,19 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "ties": "required",
         "linear": "unused",
         "slerp": "unused",
+        "nuslerp": "optional",
         "passthrough": "unused",
+        "model_stock": "required",
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
     assert set(methods["slerp"]["params"]) == {"t"}
     assert set(methods["linear"]["params"]) == {"weights", "normalize"}
     assert set(methods["passthrough"]["params"]) == {"slices"}
+    assert set(methods["nuslerp"]["params"]) == {"weights", "nuslerp_flatten", "nuslerp_row_wise"}
+    assert methods["nuslerp"]["params"]["nuslerp_flatten"]["default"] is True
+    assert set(methods["model_stock"]["params"]) == {"filter_wise"}
+    assert methods["model_stock"]["params"]["filter_wise"]["default"] is False
     swap = methods["layer_swap"]["params"]
     assert set(swap) >= {"bottom", "top", "bottom_transition", "top_transition", "non_layer"}
     assert swap["bottom"]["type"] == "integer"
