@@ -1,19 +1,21 @@
-"""nuslerp and model_stock on the CPU: the vectors longer than a chunk in numba, the rest in
-torch (angles.py).
+"""nuslerp and model_stock on the CPU: angles.py's arithmetic, the elementwise work and the
+long vectors' moments compiled with numba, each a single pass over the raw input bytes.
 
-A model's large tensors (every projection over a chunk, with one angle per tensor, the
-methods' default) are vectors angles.py reads twice in torch, a dozen whole-chunk
-operations per pass. Here each pass is one compiled loop over the raw input bytes:
+angles.py computes in torch: a dozen whole-chunk operations per chunk, each a pass over memory,
+bf16 widened and float32 narrowed by passes of their own, and a large tensor (one angle per
+tensor, the methods' default) read twice. Here:
 
-- **moments**: Σ δᵢ·δⱼ for the rule's pairs, each product exact in float64, summed over
-  8 lanes per piece of 64K elements and the pieces in order, so the sums do not depend on
-  how many threads share the work;
-- **output**: angles.py's elementwise arithmetic (float32 steps in the same order, so
-  the same bits for the same coefficients), rounded once to the output dtype.
+- **moments** of a vector longer than a chunk: Σ vᵢ·vⱼ for the rule's pairs, each product
+  exact in float64, in pieces of 64K elements summed in order (so the same whatever the
+  threads; inside a piece in whichever order vectorises, which moves a float64 sum's last bits,
+  far below the float32 cos θ made from it). A tensor whose inputs fit in `in_memory` bytes is
+  read once for its moments and its output, a larger one twice.
+- **output**: angles.py's elementwise arithmetic, float32 steps in the same order (the same
+  bits for the same coefficients), rounded once to the output dtype.
 
-The coefficients themselves come from angles.py's rules (torch), as do whole vectors of up to
-a chunk (rows; small tensors), whose bytes must equal mergekit's: only torch's reductions
-reduce in torch's order. Compiled code is cached on disk (numba's `cache=True`).
+What mergekit's bytes depend on stays in torch: the norms and dots of vectors read whole (every
+row; a whole tensor of up to a chunk), by angles.py's own operations on the widened rows, and
+every coefficient, from cos θ. Compiled code is cached on disk (numba's `cache=True`).
 """
 
 from __future__ import annotations
@@ -241,17 +243,24 @@ class AngleKernels:
         keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
         self.check_cancel = check_cancel or (lambda: None)
         self.chunk_elements = chunk_elements
-        # A long vector of up to this many bytes (all inputs) is read once, not twice: a 1.8B
-        # model's MLP weights, three bf16 inputs, at the default chunk size.
-        self.in_memory = 48 * chunk_elements
-        # Columns are measured in torch (kernels.py): nuslerp_row_wise, the rare choice.
-        self.columns = Kernels(
-            plan, device="cpu", chunk_elements=chunk_elements, check_cancel=self.check_cancel
-        )
+        # A long vector whose inputs take up to this many bytes is read once, not twice: 64 MB
+        # at the default chunk, a 1.8B model's attention weights of three bf16 inputs but not
+        # its MLP's (69 MB), whose extra 30 MB of peak RSS took a merge near 600 MB.
+        self.in_memory = 32 * chunk_elements
+
+    @functools.cached_property
+    def columns(self) -> Kernels:
+        """Columns are measured in torch (kernels.py): nuslerp_row_wise, the rare choice."""
+        return Kernels(
+            self.plan, device="cpu", chunk_elements=self.chunk_elements,
+            check_cancel=self.check_cancel,
+        )  # fmt: skip
 
     def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
         """The tensor's output bytes, a chunk at a time, in order."""
         vectors = vectors_of(tensor.op, tensor.shape)
+        if vectors.rows * vectors.length == 0:
+            return iter(())
         if vectors.columns:
             return self.columns.output_bytes(tensor)
         if vectors.length <= self.chunk_elements:
@@ -275,8 +284,8 @@ class AngleKernels:
 
     def _long_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
         """Rows longer than a chunk (a whole large tensor): moments, then the output. A row
-        that fits in `in_memory_bytes` is read once for both, a longer one twice, a chunk at
-        a time."""
+        whose inputs fit in `in_memory` bytes is read once for both, a longer one twice, a
+        chunk at a time."""
         rule = RULES[tensor.op](tensor)
         whole = len(rule.sources) * length * _loaded_itemsize(self.plan, tensor) <= self.in_memory
         step = self.chunk_elements

@@ -155,6 +155,24 @@ def test_cpu_kernels_equal_the_torch_kernels(
     assert (long_vectors > 0) == (chunk == SMALL_CHUNK and not by_rows)
 
 
+@pytest.mark.parametrize("method", ["nuslerp", "model_stock"])
+def test_cpu_kernels_equal_the_torch_kernels_into_float16(llama32: Family, method: str) -> None:
+    """float32 inputs written as float16: the same bytes from both kernels."""
+    from engine.angle_kernels import AngleKernels
+    from engine.kernels import Kernels
+
+    data = {"method": method, "base": llama32.base, "models": [llama32.task, llama32.language],
+            "output": {"dtype": "float16"}}  # fmt: skip
+    plan = make_plan(parse_recipe(stringify(data)), resolve=Path)
+    try:
+        ours = _kernel_outputs(plan, AngleKernels(plan, chunk_elements=2 * 1024 * 1024))
+        theirs = _kernel_outputs(plan, Kernels(plan, device="cpu", chunk_elements=2 * 1024 * 1024))
+    finally:
+        plan.close()
+    assert {t.dtype for t in plan.tensors} == {"F16"}
+    assert ours == theirs
+
+
 def test_outputs_load_and_run(llama: Family, run_merge: Any) -> None:
     for recipe in (
         {"method": "nuslerp", "base": llama.base, "models": [llama.task, llama.language]},
