@@ -7,8 +7,7 @@ For one preset made by make_checkpoints.py, every case below is run under `/usr/
                 layerswap with an empty sha256 cache, mergekit
     soup        layerswap, mergekit                    (uniform soup of task + lang)
     ties        layerswap, mergekit                    (TIES over base, density 0.5)
-    nuslerp     layerswap, mergekit                    (task + lang as task vectors of base)
-    model_stock layerswap, mergekit                    (base + task + lang)
+    nuslerp, model_stock (with --methods): layerswap, mergekit   (over base + task + lang)
     copy        cp -r of one input model               (the physical reference), and the same
                 followed by `sync` of the copied files (durable, like layerswap's default)
 
@@ -51,12 +50,21 @@ RESULTS_DIR = BENCH_DIR / "results"
 LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 TIME = Path("/usr/bin/time")
-METHODS = ("layer_swap", "soup", "ties", "nuslerp", "model_stock")
+METHODS = ("layer_swap", "soup", "ties", "slerp", "passthrough")
+# mergekit's sparsifying task-vector methods: run with --methods (not by default: mergekit's
+# DELLA alone takes ~20 minutes on the large preset). Each over base + [task, lang], weight 1.0
+# and density 0.5 per model, with the methods' other defaults (gamma 0.01, epsilon 0.15).
+SPARSE_METHODS = ("dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
+                  "della_linear")  # fmt: skip
+SPARSE_EXTRA = {"breadcrumbs": {"gamma": 0.01}, "breadcrumbs_ties": {"gamma": 0.01},
+                "della": {"epsilon": 0.15}, "della_linear": {"epsilon": 0.15}}  # fmt: skip
+# mergekit's nuslerp (over task vectors) and model_stock: run with --methods. mergekit computes
+# them in its dtype, bf16 here, where layerswap computes in float32: their outputs are also
+# compared with mergekit's computing in float32 (dtype float32, out_dtype bfloat16; untimed).
+ANGLE_METHODS = ("nuslerp", "model_stock")
 READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
-         "nuslerp": ("base", "task", "lang"), "model_stock": ("base", "task", "lang")}  # fmt: skip
-# Methods whose arithmetic layerswap does in float32 where mergekit, told `dtype: bfloat16`,
-# does it in bf16: verified against mergekit run again with dtype float32, out_dtype bfloat16.
-FLOAT32_CHECKED = ("nuslerp", "model_stock")
+         "slerp": ("task", "lang"), "passthrough": ("task", "lang"),
+         **dict.fromkeys(SPARSE_METHODS + ANGLE_METHODS, ("base", "task", "lang"))}  # fmt: skip
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -131,6 +139,21 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             "models": [task, lang],
             "params": {"density": 0.5, "lambda": 1.0, "normalize": True},
         },
+        "slerp": {"method": "slerp", "models": [task, lang], "params": {"t": 0.5}},
+        "passthrough": {
+            "method": "passthrough",
+            "models": [task, lang],
+            "params": {"slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)]},
+        },
+        **{
+            method: {
+                "method": method,
+                "base": base,
+                "models": [task, lang],
+                "params": {"weights": [1.0, 1.0], "density": 0.5, **SPARSE_EXTRA.get(method, {})},
+            }
+            for method in SPARSE_METHODS
+        },
         "nuslerp": {
             "method": "nuslerp",
             "base": base,
@@ -139,6 +162,15 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
         },
         "model_stock": {"method": "model_stock", "base": base, "models": [task, lang]},
     }
+
+
+def frankenmerge(task: str, lang: str, layers: int) -> list[dict[str, Any]]:
+    """A passthrough 1.5x as deep: all the task expert's layers, then the top half of the
+    language expert's (mergekit's `slices`, one source each)."""
+    return [
+        {"model": task, "layer_range": [0, layers]},
+        {"model": lang, "layer_range": [layers // 2, layers]},
+    ]
 
 
 def _weight(owner: str, model: str, non_layer_filters: tuple[str, ...]) -> Any:
@@ -221,6 +253,30 @@ def mergekit_configs(models: dict[str, Path], layers: int) -> dict[str, dict[str
             ],
             "parameters": {"normalize": True, "lambda": 1.0},
             "dtype": "bfloat16",
+        },
+        "slerp": {
+            "merge_method": "slerp",
+            "base_model": task,
+            "models": [{"model": task}, {"model": lang}],
+            "parameters": {"t": 0.5},
+            "dtype": "bfloat16",
+        },
+        "passthrough": {
+            "merge_method": "passthrough",
+            "slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)],
+            "dtype": "bfloat16",
+        },
+        **{
+            method: {
+                "merge_method": method,
+                "base_model": base,
+                "models": [
+                    {"model": m, "parameters": {"weight": 1.0, "density": 0.5, **extra}}
+                    for m in (task, lang)
+                ],
+                "dtype": "bfloat16",
+            }
+            for method, extra in ((m, SPARSE_EXTRA.get(m, {})) for m in SPARSE_METHODS)
         },
         "nuslerp": {
             "merge_method": "nuslerp",
@@ -727,12 +783,12 @@ def verify(
             entry["ties_semantics"] = ties_reference_check(ls_out, mk, models, layers)
         result[method] = entry
         print(f"verify {method}: {json.dumps(entry)[:600]}", flush=True)
-    for method in methods:
-        if method not in result or "layerswap_vs_mergekit" not in result[method]:
-            continue
-        if method in FLOAT32_CHECKED or (method == "ties" and ties_f32):
+    for method, entry in result.items():
+        if "layerswap_vs_mergekit" in entry and (
+            method in ANGLE_METHODS or (method == "ties" and ties_f32)
+        ):
             compared = compare_with_float32_mergekit(method, work, models, layers)
-            result[method]["layerswap_vs_mergekit_float32"] = compared
+            entry["layerswap_vs_mergekit_float32"] = compared
             print(f"verify {method} vs mergekit float32: {json.dumps(compared)[:400]}", flush=True)
     return result
 
@@ -779,7 +835,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="small", help="a directory under bench/data")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS),
+        help=f"comma-separated; also: {', '.join(SPARSE_METHODS + ANGLE_METHODS)}",
+    )  # fmt: skip
     parser.add_argument(
         "--tools", default=",".join(TOOLS),
         help="comma-separated; a subset writes results/<preset>-partial.{md,json}",
@@ -798,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown tools: {sorted(unknown_tools)}")
     partial = set(methods) != set(METHODS) or set(tools) != set(TOOLS)
     name = args.preset + ("-partial" if partial else "")
-    if unknown := set(methods) - set(METHODS):
+    if unknown := set(methods) - set(METHODS) - set(SPARSE_METHODS) - set(ANGLE_METHODS):
         parser.error(f"unknown methods: {sorted(unknown)}")
     preset_dir = DATA_DIR / args.preset
     if not (preset_dir / "complete.json").is_file():

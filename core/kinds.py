@@ -25,8 +25,9 @@ class JobKind:
     webhook_event: str  # the event type when a job ends, formatted with its {status}
 
 
-# What a merge job's request holds beside its recipe.
-MERGE_EXTRAS = ("evaluation", "sweep", "webhook")
+# What a merge job's request holds beside its recipe (mergekit: the config it was translated
+# from, engine.mergekit.MergekitOrigin.record).
+MERGE_EXTRAS = ("evaluation", "sweep", "webhook", "mergekit")
 
 
 def merge_recipe(request: dict[str, Any]) -> Any:

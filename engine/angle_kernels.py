@@ -362,13 +362,13 @@ class AngleKernels:
         )
 
         def read(source: int, row: Array) -> None:
-            checkpoint = self.plan.checkpoints[source]
-            info = checkpoint.tensors[tensor.read_name]
-            if info.dtype != "F16":  # the bytes as they are
-                checkpoint.read_into(info, row.view(np.uint8).data, start * info.itemsize)
+            info = self.plan.checkpoints[source].tensors[tensor.read_name]
+            name, first_byte = tensor.read_name, start * info.itemsize
+            if info.dtype != "F16":  # the bytes as they are (rows of an aligned vocabulary)
+                self.plan.read_into(source, name, row.view(np.uint8).data, first_byte)
                 return
             raw = np.empty(count * info.itemsize, np.uint8)
-            checkpoint.read_into(info, raw.data, start * info.itemsize)
+            self.plan.read_into(source, name, raw.data, first_byte)
             row[:] = raw.view(np.float16)
 
         _side_by_side(

@@ -40,25 +40,27 @@ class Family:
 
     stacks: tuple[str, ...]  # the language model's stack; alternatives, at most one present
     count_keys: tuple[str, ...] = ("num_hidden_layers",)  # dotted paths into config.json
-    # Other stacks and modules (a vision tower, a projector): merged like non-layer tensors.
+    # Other stacks and modules (a vision tower, a projector), made as a recipe's `towers` says.
     other_stacks: tuple[str, ...] = ()
     refusal: str = ""  # why layer methods are not defined for this family, if they are not
     # Layers stored after the L counted ones (DeepSeek-V3's multi-token-prediction module):
     # not part of the language stack, so merged like non-layer tensors.
     extra_layers_key: str = ""
+    # Modules whose rows are indexed by token id (input embeddings, output heads): aligned
+    # row by row when the inputs' vocabularies differ (vocabulary.py).
+    vocabulary: tuple[str, ...] = ("embed_tokens", "lm_head")
 
 
 _DECODER = Family(("model.layers",))
 _TRANSFORMER_H = ("transformer.h",)
-_VISION_TOWER = (
-    "vision_tower.vision_model.encoder.layers",
-    "vision_tower.encoder.layers",
-    "model.vision_tower.vision_model.encoder.layers",
-    "model.vision_tower.encoder.layers",
-)
+_WTE = ("wte", "lm_head")
+_WORD_EMBEDDINGS = ("word_embeddings", "lm_head")
+# Whole modules: a tower's embeddings and norms go with its layers.
+_VISION_TOWER = ("vision_tower", "model.vision_tower", "multi_modal_projector",
+                 "model.multi_modal_projector")  # fmt: skip
 _ENCODER_DECODER = (
-    "an encoder-decoder model has two layer stacks (encoder.block, decoder.block), and layers "
-    "are swapped or analysed in the one stack of a decoder-only language model"
+    "an encoder-decoder model has two layer stacks ({stacks}), and layers are swapped or "
+    "analysed in the one stack of a decoder-only language model"
 )
 
 FAMILIES: dict[str, Family] = {
@@ -80,22 +82,58 @@ FAMILIES: dict[str, Family] = {
     "starcoder2": _DECODER,
     "cohere": _DECODER,
     "deepseek_v3": Family(("model.layers",), extra_layers_key="num_nextn_predict_layers"),
-    "gpt_neox": Family(("gpt_neox.layers",)),
-    "gpt2": Family(_TRANSFORMER_H, ("n_layer",)),
-    "gptj": Family(_TRANSFORMER_H, ("n_layer",)),
-    "falcon": Family(_TRANSFORMER_H, ("num_hidden_layers", "n_layer")),
-    "bloom": Family(_TRANSFORMER_H, ("n_layer", "num_hidden_layers")),
-    "mpt": Family(("transformer.blocks",), ("n_layers",)),
-    "gemma3": Family(_LANGUAGE_MODEL, _NESTED_COUNT, (*_VISION_TOWER, "multi_modal_projector")),
-    "llava": Family(_LANGUAGE_MODEL, _NESTED_COUNT, (*_VISION_TOWER, "multi_modal_projector")),
+    "olmo": _DECODER,
+    "olmo3": _DECODER,
+    "smollm3": _DECODER,
+    "glm": _DECODER,
+    "glm4": _DECODER,
+    "gpt_oss": _DECODER,
+    "exaone4": _DECODER,
+    "ernie4_5": _DECODER,
+    "llama4_text": _DECODER,
+    "nemotron": _DECODER,
+    "granitemoe": _DECODER,
+    "phimoe": _DECODER,
+    "helium": _DECODER,
+    "seed_oss": _DECODER,
+    "apertus": _DECODER,
+    "arcee": _DECODER,
+    "hunyuan_v1_dense": _DECODER,
+    "minimax": _DECODER,
+    "gpt_neox": Family(("gpt_neox.layers",), vocabulary=("embed_in", "embed_out", "lm_head")),
+    "gpt2": Family(_TRANSFORMER_H, ("n_layer",), vocabulary=_WTE),
+    "gptj": Family(_TRANSFORMER_H, ("n_layer",), vocabulary=_WTE),
+    "falcon": Family(_TRANSFORMER_H, ("num_hidden_layers", "n_layer"), vocabulary=_WORD_EMBEDDINGS),
+    "bloom": Family(_TRANSFORMER_H, ("n_layer", "num_hidden_layers"), vocabulary=_WORD_EMBEDDINGS),
+    "mpt": Family(("transformer.blocks",), ("n_layers",), vocabulary=_WTE),
+    "gemma3": Family(_LANGUAGE_MODEL, _NESTED_COUNT, _VISION_TOWER),
+    "llava": Family(_LANGUAGE_MODEL, _NESTED_COUNT, _VISION_TOWER),
     # Qwen2-VL checkpoints on the Hub keep the text stack at model.layers, beside visual.blocks.
     "qwen2_vl": Family(
         ("model.layers", "model.language_model.layers"),
         ("text_config.num_hidden_layers", "num_hidden_layers"),
-        ("visual.blocks", "model.visual.blocks", "visual.merger", "model.visual.merger"),
+        ("visual", "model.visual"),
     ),
-    "t5": Family((), ("num_layers",), ("encoder.block", "decoder.block"), _ENCODER_DECODER),
+    "t5": Family(
+        (),
+        ("num_layers",),
+        ("encoder.block", "decoder.block"),
+        _ENCODER_DECODER.format(stacks="encoder.block, decoder.block"),
+        vocabulary=("shared", "embed_tokens", "lm_head"),
+    ),
+    "bart": Family(
+        (),
+        ("encoder_layers",),
+        ("model.encoder.layers", "model.decoder.layers"),
+        _ENCODER_DECODER.format(stacks="model.encoder.layers, model.decoder.layers"),
+        vocabulary=("shared", "embed_tokens", "lm_head"),
+    ),
 }
+# A family not in the table: its token-indexed modules are recognised by these common names.
+COMMON_VOCABULARY = frozenset(
+    {"embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out",
+     "tok_embeddings", "shared"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -117,9 +155,13 @@ class LayerStack:
         index = int(match.group(2))
         return index if index < self.count else None  # an extra (MTP) layer is not a layer
 
+    def in_tower(self, tensor_name: str) -> bool:
+        """Whether a tensor belongs to another stack or module (a vision tower, a projector)."""
+        return any(tensor_name.startswith(prefix + ".") for prefix in self.other_stacks)
+
     def describe(self) -> str:
         """One line for the plan table: where the layers are and which rule said so."""
-        others = f"; merged like the non-layer tensors: {', '.join(self.other_stacks)}"
+        others = f"; towers and other modules (not layers): {', '.join(self.other_stacks)}"
         return (
             f"layers: {self.prefix}.<n> × {self.count} ({self.rule}, model_type "
             f"{self.model_type!r}, {self.count_key}){others if self.other_stacks else ''}"
@@ -156,6 +198,13 @@ class Refusal:
 def model_type_of(config: Mapping[str, Any]) -> str:
     value = config.get("model_type")
     return value[:80] if isinstance(value, str) else "unknown"
+
+
+def vocabulary_modules(config: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the modules whose weight rows are indexed by token id (`lm_head`, `wte`, …):
+    the family table's, or common names for a family not in it."""
+    family = FAMILIES.get(model_type_of(config))
+    return frozenset(family.vocabulary) if family else COMMON_VOCABULARY
 
 
 def configured_layer_count(config: Mapping[str, Any]) -> int | None:

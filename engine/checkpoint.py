@@ -53,7 +53,7 @@ class Checkpoint:
         """Open and validate a checkpoint directory (headers only)."""
         if not path.is_dir():
             raise CheckpointError.at(path, "not a checkpoint directory (does not exist)")
-        config = _read_json(path / "config.json")
+        config = read_json(path / "config.json")
         if not isinstance(config, dict):
             raise CheckpointError.at(path / "config.json", "must be a JSON object")
         files, expected = _weight_files(path)
@@ -139,13 +139,15 @@ class Checkpoint:
         self._fds.clear()
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """A checkpoint's JSON file, parsed; a CheckpointError naming the file when it is missing,
+    not a regular file, larger than `limit` bytes or not JSON."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block the read forever
             raise CheckpointError.at(path, "not a regular file")
-        if info.st_size > MAX_JSON_BYTES:
-            raise CheckpointError.at(path, f"{info.st_size} bytes; at most {MAX_JSON_BYTES}")
+        if info.st_size > limit:
+            raise CheckpointError.at(path, f"{info.st_size} bytes; at most {limit}")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError.at(path, "missing") from None
@@ -160,7 +162,7 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files to read and, for a sharded checkpoint, the index's weight map."""
     index = path / INDEX_FILE
     if index.is_file():
-        data = _read_json(index)
+        data = read_json(index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) and "/" not in v and "\0" not in v and v.endswith(".safetensors")

@@ -53,8 +53,8 @@ class Slerp:
         if self.coefficients is None:
             self.coefficients = self._coefficients()
         coef_a, coef_b = self.coefficients
-        a, b = self._pair(start, count)
-        return (coef_a * a + coef_b * b).view(-1)
+        a, b = self._pair(start, count)  # fresh buffers: computed in place (same values)
+        return a.mul_(coef_a).add_(b.mul_(coef_b)).view(-1)
 
     def _pair(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.read(self.first, start, count).view(1, -1)
@@ -73,7 +73,7 @@ class Slerp:
         dots = []
         for start, count in self._spans():
             a, b = self._pair(start, count)
-            dots.append((a / norm_a * (b / norm_b)).sum(dim=1, keepdim=True))
+            dots.append(a.div_(norm_a).mul_(b.div_(norm_b)).sum(dim=1, keepdim=True))
         dot = torch.stack(dots).sum(dim=0).clamp(-1, 1)
         t = torch.tensor([[self.t]], dtype=dot.dtype)
         collinear = dot.abs() > DOT_THRESHOLD

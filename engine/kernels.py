@@ -2,12 +2,14 @@
 
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
 output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
-then combines chunk by chunk; nuslerp and model_stock measure angles first (angles.py).
+then combines chunk by chunk; the sparsifying methods are sparse_torch.py's; nuslerp and
+model_stock measure angles first (angles.py).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -18,10 +20,13 @@ from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
-from engine.tensor_io import TORCH_DTYPES, read_elements
+from engine.sparse_torch import SparseMerge
+from engine.tensor_io import TORCH_DTYPES, read_planned
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
 Compute = Callable[[int, int], torch.Tensor]
+# torch's threads for CPU arithmetic: two cores are left to the writer (hashing, writing).
+CPU_THREADS = max(1, (os.cpu_count() or 1) - 2)
 
 
 class Kernels:
@@ -51,8 +56,17 @@ class Kernels:
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
-        for chunk in self._outputs(tensor):
-            yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
+        previous = torch.get_num_threads()
+        if self.device.type == "cpu":
+            # The writer's threads hash and write beside this one: torch's OpenMP threads,
+            # spinning at their barriers on cores those threads hold, made each elementwise op
+            # ~10x slower (a 0.25B slerp: 31 -> 4 s with one thread, measured).
+            torch.set_num_threads(CPU_THREADS)
+        try:
+            for chunk in self._outputs(tensor):
+                yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
+        finally:
+            torch.set_num_threads(previous)
 
     def _outputs(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         if tensor.op in RULES:  # angles per row or column: chunks of whole rows, its own
@@ -72,11 +86,13 @@ class Kernels:
         return {
             "linear": lambda tensor: partial(self._linear, tensor),
             "ties": self._ties_computation,
+            "task_arithmetic": lambda tensor: partial(self._task_arithmetic, tensor),
             "weighted_sum": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "slerp": lambda tensor: (
                 Slerp(self._reader(tensor), tensor, self.selection_elements).chunk
             ),
+            "sparsify": self._sparse_computation,
         }
 
     def _reader(self, tensor: TensorPlan) -> Read:
@@ -85,6 +101,13 @@ class Kernels:
             return self._read(source, tensor.read_name, start, count)
 
         return read
+
+    def _sparse_computation(self, tensor: TensorPlan) -> Compute:
+        assert self.plan.sparsify is not None
+        merge = SparseMerge(
+            self._reader(tensor), tensor, self.plan.sparsify, self.selection_elements
+        )
+        return merge.chunk
 
     def _ties_computation(self, tensor: TensorPlan) -> Compute:
         selections = self._ties_selections(tensor)
@@ -97,8 +120,7 @@ class Kernels:
             yield chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
-        checkpoint = self.plan.checkpoints[source]
-        raw = read_elements(checkpoint, checkpoint.tensors[name], start, count)
+        raw = read_planned(self.plan, source, name, start, count)
         wide = torch.float64 if raw.dtype == torch.float64 else torch.float32
         return raw.to(self.device).to(wide)
 
@@ -111,6 +133,28 @@ class Kernels:
             acc = x if acc is None else acc.add_(x)
         assert acc is not None
         return acc
+
+    def _task_arithmetic(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
+        """base + λ·Σ c_i·(T_i − base), each step rounded as mergekit's task_arithmetic rounds
+        it: the deltas weighted and summed in model order, divided by Σ c_i (in float32; not
+        when about 0) with `normalize`, scaled by λ, added to the base. No cancellation, unlike
+        the expanded (1 − λΣc)·base + Σ λc_i·T_i."""
+        settings = self._ties_settings()
+        base = self._read(settings.base, tensor.read_name, start, count)
+        mixed: torch.Tensor | None = None
+        for term in tensor.terms:
+            delta = self._read(term.source, tensor.read_name, start, count).sub_(base)
+            if term.coefficient != 1.0:
+                delta.mul_(term.coefficient)
+            mixed = delta if mixed is None else mixed.add_(delta)
+        assert mixed is not None
+        if settings.normalize:
+            divisor = float(torch.tensor([t.coefficient for t in tensor.terms]).sum())
+            if abs(divisor) >= 1e-8:
+                mixed.div_(divisor)
+        if settings.lambda_ != 1.0:
+            mixed.mul_(settings.lambda_)
+        return base.add_(mixed)
 
     def _ties_settings(self) -> TiesSettings:
         assert self.plan.ties is not None

@@ -12,3 +12,5 @@ MAX_WEIGHT_FILES = 512
 MAX_RANK = 8  # dimensions of one tensor
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, the shard index (large models: ~100 KB)
 MAX_SIDE_FILE_BYTES = 1024 * 1024 * 1024  # one tokenizer/config file copied to the output
+MAX_TOKENIZER_BYTES = 256 * 1024 * 1024  # tokenizer.json (a 256k-token vocabulary: ~35 MB)
+MAX_VOCABULARY = 4_000_000  # tokens of one tokenizer (the largest vocabularies: ~260k)

@@ -85,7 +85,7 @@ class LinearKernels:
         checkpoint = self.plan.checkpoints[source]
         info = checkpoint.tensors[name]
         raw = np.empty(count * info.itemsize, np.uint8)
-        checkpoint.read_into(info, raw.data, start * info.itemsize)
+        self.plan.read_into(source, name, raw.data, start * info.itemsize)
         if info.dtype == "F32":
             return raw.view(np.float32)
         widened = self._widened[:count]

@@ -29,6 +29,7 @@ from engine.errors import (
     is_disk_full,
 )
 from engine.limits import MAX_SIDE_FILE_BYTES
+from engine.mergekit import MergekitOrigin
 from engine.model_card import render_card
 from engine.plan import Plan
 from engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
@@ -58,6 +59,9 @@ class MergeOptions:
     # Called with the planned output size in bytes once the plan is made, before anything is
     # written; raises to refuse (the service's per-tenant storage quota).
     reserve_space: Callable[[int], None] | None = None
+    # The mergekit config the recipe was translated from: checked against the plan, its
+    # warnings added to the plan's, the config recorded in the manifest.
+    mergekit: MergekitOrigin | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ def execute(
     device = resolve_device(options.device)
     started = time.monotonic()
     out_dir = out_dir.absolute()
+    if options.mergekit is not None:
+        options.mergekit.apply(plan)
     needed = planned_output_bytes(plan)
     if options.reserve_space is not None:
         options.reserve_space(needed)  # e.g. a tenant's storage quota: refused before any write
@@ -125,7 +131,9 @@ def execute(
                 should_cancel=should_cancel, started=started,
             )  # fmt: skip
             files.update(_write_side_files(plan, staging, recipe.output.dtype))
-            manifest = _write_card_and_manifest(plan, recipe, staging, inputs, files, options.job)
+            manifest = _write_card_and_manifest(
+                plan, recipe, staging, inputs, files, options.job, options.mergekit
+            )
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
         except BaseException as e:  # cleanup on any exit (a cancel too), then re-raised
             stop_hashing.set()  # the pool's exit waits for the hashing thread: end it now
@@ -157,10 +165,11 @@ def _write_card_and_manifest(
     inputs: Future[list[dict[str, Any]]],
     files: dict[str, str],
     job: dict[str, Any] | None,
+    mergekit: MergekitOrigin | None,
 ) -> dict[str, Any]:
     """Write README.md and then layerswap.json (listing every other file's sha256, the card's
     included) into `staging`, adding both to `files`; the manifest."""
-    manifest = _manifest(plan, recipe, inputs, files, job)
+    manifest = _manifest(plan, recipe, inputs, files, job, mergekit)
     card = render_card(manifest, name=recipe.output.name)
     (staging / CARD).write_text(card, encoding="utf-8")
     files[CARD] = file_sha256(staging / CARD)
@@ -197,7 +206,10 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
         written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
     config_dir = Path(plan.inputs[plan.config_input].path)
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
-    for directory, name in _side_file_sources(config_dir, tokenizer_dir):
+    vocabulary = plan.vocabulary
+    rewritten = vocabulary is not None and vocabulary.tokenizer_changed
+    sources = _side_file_sources(config_dir, None if rewritten else tokenizer_dir)
+    for directory, name in sources:
         if (directory / name).is_file():
             if (size := (directory / name).stat().st_size) > MAX_SIDE_FILE_BYTES:
                 raise CheckpointError.at(
@@ -207,12 +219,19 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
             if name == "config.json" and (dtype != "source" or plan.config_changes):
                 _edit_config(staging / name, dtype, plan.config_changes)
             written[name] = file_sha256(staging / name)
-    _warn_tokenizer_mismatch(plan)
+    if vocabulary is None:
+        _warn_tokenizer_mismatch(plan)
+    elif rewritten:  # tokens added or dropped: a new tokenizer.json numbering the rows
+        for name in vocabulary.write_tokenizer(tokenizer_dir, staging):
+            written[name] = file_sha256(staging / name)
     return written
 
 
-def _side_file_sources(config_dir: Path, tokenizer_dir: Path) -> list[tuple[Path, str]]:
+def _side_file_sources(config_dir: Path, tokenizer_dir: Path | None) -> list[tuple[Path, str]]:
+    """The files copied as they are: configs, and the tokenizer's unless it is written anew."""
     copies = [(config_dir, "config.json")] + [(config_dir, n) for n in EXTRA_CONFIG_FILES]
+    if tokenizer_dir is None:
+        return copies
     return copies + [(tokenizer_dir, n) for n in TOKENIZER_FILES]
 
 
@@ -303,11 +322,13 @@ def _manifest(
     inputs: Future[list[dict[str, Any]]],
     files: dict[str, str],
     job: dict[str, Any] | None,
+    mergekit: MergekitOrigin | None,
 ) -> dict[str, Any]:
     return {
         "layerswap_engine": ENGINE_VERSION,
         **({"job": job} if job else {}),
         "recipe": recipe_to_dict(recipe),
+        **({"mergekit_config": mergekit.config} if mergekit else {}),
         "inputs": inputs.result(),
         "resolved_weights": plan.resolved_weights,
         "plan_digest": plan.digest(),
@@ -315,6 +336,7 @@ def _manifest(
         "layers": [
             {"layer": r.layer, "origin": r.origin, "made_from": r.terms} for r in plan.layer_rows()
         ],
+        **({"vocabulary": plan.vocabulary.to_dict()} if plan.vocabulary else {}),
         "outputs": dict(sorted(files.items())),
         "warnings": plan.warnings,
     }

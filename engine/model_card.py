@@ -55,6 +55,9 @@ def render_card(
         "```",
         "",
     ]
+    if manifest.get("mergekit_config"):
+        lines += ["Translated from this mergekit config:", "", "```yaml"]
+        lines += [yaml.safe_dump(manifest["mergekit_config"], sort_keys=False).rstrip(), "```", ""]
     lines += _inputs_table(manifest["inputs"])
     lines += ["", "## Where each layer comes from", "", "| layer | origin | made from |"]
     lines.append("|---|---|---|")

@@ -10,22 +10,39 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
 from engine.safetensors_format import DTYPE_SIZES
 
+if TYPE_CHECKING:  # vocabulary.py builds on this module's types
+    from engine.vocabulary import VocabularyPlan
+
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
-# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor.
+# for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
+# sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning);
+# task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize);
 # nuslerp (+ base when a third term), model_stock (models, then base): angles between the whole
 # tensors, or per row (along the last dim), or per column (along the first): angles.py.
 Op = Literal[
-    "copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp",
-    "nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows",
-]  # fmt: skip
-ANGLE_OPS = frozenset({"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock",
-                       "model_stock_rows"})  # fmt: skip
+    "copy",
+    "linear",
+    "ties",
+    "weighted_sum",
+    "weighted_mean",
+    "slerp",
+    "task_arithmetic",
+    "sparsify",
+    "nuslerp",
+    "nuslerp_rows",
+    "nuslerp_columns",
+    "model_stock",
+    "model_stock_rows",
+]
+ANGLE_OPS = frozenset(
+    {"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows"}
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +51,16 @@ class Term:
 
     source: int
     coefficient: float
+
+
+@dataclass(frozen=True)
+class Thinning:
+    """One `sparsify` tensor's amounts, per term (the terms' coefficients are their weights)."""
+
+    densities: tuple[float, ...]  # the fraction of each delta kept (1: all of it)
+    lambda_: float  # scale of the merged delta
+    gammas: tuple[float, ...] = ()  # breadcrumbs: the share of the largest |δ| dropped
+    epsilons: tuple[float, ...] = ()  # DELLA: keep probabilities span density ± epsilon
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,7 @@ class TensorPlan:
     origin: str  # provenance label: language, task, transition, average, soup, ...
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
+    thinning: Thinning | None = None  # for op sparsify
 
     @property
     def read_name(self) -> str:
@@ -73,6 +101,22 @@ class TiesSettings:
     normalize: bool
 
 
+Dropping = Literal["random", "outliers", "magprune"]
+
+
+@dataclass(frozen=True)
+class SparsifySettings:
+    """How a sparsifying task-vector method thins each delta δᵢ = Tᵢ − base and merges them
+    (engine/methods/sparsify.py); the amounts are per tensor (TensorPlan.thinning)."""
+
+    base: int
+    dropping: Dropping  # DARE's random drop, breadcrumbs' outliers and small ones, DELLA's
+    consensus: bool  # keep only the deltas that agree with the elected sign (TIES)
+    normalize: bool
+    rescale: bool  # scale each thinned delta back to its original L1 norm
+    seed: int | None  # of the random drops (random, magprune)
+
+
 @dataclass(frozen=True)
 class Shard:
     filename: str
@@ -97,17 +141,42 @@ class Plan:
     num_layers: int | None  # the language model's layers; None when no stack was recognised
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
-    ties: TiesSettings | None = None
+    ties: TiesSettings | None = None  # TIES's, and task arithmetic's base, λ and normalize
+    sparsify: SparsifySettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
     # config.json keys (dotted paths) the output changes: a passthrough's layer count.
     config_changes: dict[str, Any] = field(default_factory=dict)
+    # Set when the inputs' vocabularies are aligned (recipe field tokenizer_source).
+    vocabulary: VocabularyPlan | None = field(default=None, repr=False, compare=False)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    def inputs_read(self, tensor: TensorPlan) -> set[int]:
+        """The inputs whose copy of `tensor` computing it reads: its terms' and, for TIES and
+        the sparsifying methods, the base the deltas are taken from."""
+        sources = {t.source for t in tensor.terms}
+        if tensor.op == "ties" and self.ties is not None:
+            sources.add(self.ties.base)
+        if tensor.op == "sparsify" and self.sparsify is not None:
+            sources.add(self.sparsify.base)
+        if self.vocabulary is not None and tensor.read_name in self.vocabulary.tensors:
+            sources = self.vocabulary.reads(sources)
+        return sources
+
+    def read_into(self, source: int, name: str, buffer: memoryview, first_byte: int = 0) -> None:
+        """Fill `buffer` with input `source`'s tensor `name` from `first_byte` on, as the output
+        sees it: its own bytes, or, for an embedding or head whose vocabulary is aligned, its
+        rows in the output vocabulary's order (vocabulary.py)."""
+        if self.vocabulary is not None and name in self.vocabulary.tensors:
+            self.vocabulary.read_into(self.checkpoints, source, name, buffer, first_byte)
+            return
+        checkpoint = self.checkpoints[source]
+        checkpoint.read_into(checkpoint.tensors[name], buffer, first_byte)
 
     def describe_terms(self, terms: tuple[Term, ...]) -> str:
         if len(terms) == 1 and terms[0].coefficient == 1.0:
@@ -123,8 +192,11 @@ class Plan:
             if t.layer not in seen:
                 label = "non-layer" if t.layer is None else str(t.layer)
                 terms = self.describe_terms(t.terms)
-                if t.op == "ties" and self.ties is not None:
-                    terms = f"ties(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op in ("ties", "task_arithmetic") and self.ties is not None:
+                    terms = f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op == "sparsify" and self.sparsify is not None:
+                    base = self.inputs[self.sparsify.base].label
+                    terms = f"{self.method}(base={base}; {terms})"
                 seen[t.layer] = LayerRow(label, t.origin, terms)
         rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
         if None in seen:
@@ -144,6 +216,8 @@ class Plan:
         )
         if self.layer_stack is not None:
             lines.append(self.layer_stack.describe())
+        if self.vocabulary is not None:
+            lines.append(self.vocabulary.describe([i.label for i in self.inputs]))
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +234,8 @@ class Plan:
             "shards": [{"filename": s.filename, "tensors": list(s.tensors)} for s in self.shards],
             # only when present, so plans without them keep their digests
             **({"config_changes": self.config_changes} if self.config_changes else {}),
+            **({"vocabulary": self.vocabulary.to_dict()} if self.vocabulary else {}),
+            **({"sparsify": asdict(self.sparsify)} if self.sparsify else {}),
         }
 
     def digest(self) -> str:
@@ -192,4 +268,14 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "origin": t.origin,
         "terms": [[term.source, term.coefficient] for term in t.terms],
         **({"input_name": t.input_name} if t.input_name else {}),
+        **({"thinning": _thinning_dict(t.thinning)} if t.thinning else {}),
     }
+
+
+def _thinning_dict(thinning: Thinning) -> dict[str, Any]:
+    data: dict[str, Any] = {"densities": list(thinning.densities), "lambda": thinning.lambda_}
+    if thinning.gammas:
+        data["gammas"] = list(thinning.gammas)
+    if thinning.epsilons:
+        data["epsilons"] = list(thinning.epsilons)
+    return data

@@ -18,6 +18,7 @@ from engine.progress import CancelCheck
 from engine.recipe import Recipe, named_sources
 from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.validate import check_compatible
+from engine.vocabulary import VocabularyPlan, plan_vocabulary
 
 Resolver = Callable[[str], Path]
 # Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
@@ -49,10 +50,11 @@ def make_plan(
     try:
         for ref in refs:
             checkpoints.append(Checkpoint.open(Path(ref.path)))
-        check_compatible(refs, checkpoints)
+        vocabulary = _vocabulary(recipe, refs, checkpoints)
+        check_compatible(refs, checkpoints, vocabulary.tensors if vocabulary else frozenset())
         inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
         method = METHODS[recipe.method].plan(recipe, inputs)
-        plan = _assemble(recipe, refs, checkpoints, method)
+        plan = _assemble(recipe, refs, checkpoints, method, vocabulary)
     except EngineError:
         for ckpt in checkpoints:
             ckpt.close()
@@ -61,8 +63,26 @@ def make_plan(
     return plan
 
 
+def _vocabulary(
+    recipe: Recipe, refs: list[InputRef], checkpoints: list[Checkpoint]
+) -> VocabularyPlan | None:
+    """The output's vocabulary when the recipe sets tokenizer_source. The base whose rows fill
+    a token others lack is the recipe's base (slerp's: models[0], mergekit's base_model)."""
+    if recipe.tokenizer_source is None:
+        return None
+    bases = [i for i, ref in enumerate(refs) if ref.role == "base"]
+    if METHODS[recipe.method].first_model_is_base:
+        bases = [0]
+    base = bases[0] if bases else None
+    return plan_vocabulary(recipe.tokenizer_source, refs, checkpoints, base=base)
+
+
 def _assemble(
-    recipe: Recipe, refs: list[InputRef], checkpoints: list[Checkpoint], method: MethodPlan
+    recipe: Recipe,
+    refs: list[InputRef],
+    checkpoints: list[Checkpoint],
+    method: MethodPlan,
+    vocabulary: VocabularyPlan | None = None,
 ) -> Plan:
     primary = checkpoints[method.config_input]
     order = sorted(primary.tensors.values(), key=lambda t: (str(t.file), t.start))
@@ -81,6 +101,9 @@ def _assemble(
     if stack is not None and method.num_layers is not None:  # the method set a new depth
         found = stack = replace(stack, count=method.num_layers)
         changes[stack.count_key] = stack.count
+    if vocabulary is not None:  # one row per output token
+        tensors = tuple(vocabulary.align(t) for t in tensors)
+        changes.update(vocabulary.config_changes(primary.config))
     plan = Plan(
         method=recipe.method,
         inputs=tuple(refs),
@@ -88,16 +111,18 @@ def _assemble(
         shards=_shards(tensors, recipe.output.shard_bytes),
         num_layers=stack.count if stack else None,
         config_input=method.config_input,
-        tokenizer_input=method.tokenizer_input,
+        tokenizer_input=vocabulary.tokenizer_input if vocabulary else method.tokenizer_input,
         ties=method.ties,
+        sparsify=method.sparsify,
         resolved_weights=method.resolved_weights,
         warnings=warnings,
         layer_stack=found,
         config_changes=changes,
+        vocabulary=vocabulary,
     )
     optional = METHODS[recipe.method].base != "required"
     if optional and recipe.base is not None and not recipe.plans_from_weights:
-        used = {t.source for p in tensors for t in p.terms}
+        used = {source for p in tensors for source in plan.inputs_read(p)}
         if (base := len(refs) - 1) not in used:
             warnings.append(f"base {refs[base].source} is not used by this recipe")
     return plan
@@ -117,14 +142,20 @@ def _tensor(
     if op == "linear":  # other ops read every term: mergekit's arithmetic keeps 0·x
         terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
     if info.dtype not in FLOAT_DTYPES:
-        # Integer/bool buffers cannot be averaged: take them from the dominant input.
-        source = method.ties.base if method.ties else max(terms, key=lambda t: t.coefficient).source
+        # Integer/bool buffers cannot be averaged: take them from the base deltas are taken
+        # from, else from the dominant input.
+        base = method.ties or method.sparsify
+        source = base.base if base else max(terms, key=lambda t: t.coefficient).source
         warnings.append(f"{name}: {info.dtype} tensor copied from one input, not merged")
         return TensorPlan(name, info.shape, info.dtype, "copy", (Term(source, 1.0),), layer, origin)
     dtype = info.dtype if recipe.output.dtype == "source" else OUTPUT_DTYPES[recipe.output.dtype]
     if op == "linear" and len(terms) == 1 and terms[0].coefficient == 1.0 and dtype == info.dtype:
         op = "copy"
-    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin)
+    thinning = None
+    if op == "sparsify":
+        assert method.thinning is not None
+        thinning = method.thinning(name, layer)
+    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin, thinning=thinning)
 
 
 def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint]) -> TensorPlan:

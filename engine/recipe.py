@@ -105,7 +105,9 @@ def _is_union_tag(part: str | int) -> bool:
 
 def _mentioned_field(message: str) -> str | None:
     """Model-level checks name their field in the message ('base is required ...')."""
-    match = re.match(r"^(base|params\.[\w.]*\w|models(?:\.\d+)?|experts\.\w+)\b", message)
+    match = re.match(
+        r"^(base|params\.[\w.]*\w|models(?:\.\d+)?|experts\.\w+|tokenizer_source)\b", message
+    )
     return match.group(1) if match else None
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.gradients import Setting
 
@@ -35,6 +35,8 @@ Credential = Annotated[
         description="name of a Hub credential configured where the merge runs (never a token)",
     ),
 ]
+# tokenizer_source's keywords; any other value names one of the recipe's sources.
+TOKENIZER_BASE, TOKENIZER_UNION, TOKENIZER_MODEL_PREFIX = "base", "union", "model:"
 # Each source is opened (and, at submit, its headers read): bounded like every other input.
 MAX_EXPERTS_PER_ROLE = 32
 MAX_MODELS = 64
@@ -149,6 +151,27 @@ class RecipeBase(Strict):
     base: Source | None = None
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
+    tokenizer_source: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description="the output's vocabulary when the inputs' differ (as mergekit's): base, "
+        "union, or one of the recipe's sources as written (also model:<source>); absent: the "
+        "inputs' vocabularies must match",
+    )
+
+    @model_validator(mode="after")
+    def _tokenizer_source_is_known(self) -> Self:
+        source = self.tokenizer_source
+        if source is None or source in (TOKENIZER_BASE, TOKENIZER_UNION):
+            return self
+        written = [n.source for n in self.sources()]
+        if source.removeprefix(TOKENIZER_MODEL_PREFIX) not in written:
+            raise ValueError(
+                f"tokenizer_source {source[:200]!r} is not base, union or one of the recipe's "
+                f"sources ({', '.join(map(repr, written))})"
+            )
+        return self
 
     def sources(self) -> list[NamedSource]:
         """The checkpoints the recipe names, in plan order (the base last)."""

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from engine.checkpoint import Checkpoint
+from engine.plan import Plan
 from engine.safetensors_format import TensorInfo
 
 # safetensors dtype string -> torch dtype
@@ -38,6 +39,16 @@ def read_elements(checkpoint: Checkpoint, info: TensorInfo, start: int, count: i
     buffer = torch.empty(count * itemsize, dtype=torch.uint8)
     if count:
         checkpoint.read_into(info, buffer.numpy().data, start * itemsize)
+    return buffer.view(TORCH_DTYPES[info.dtype])
+
+
+def read_planned(plan: Plan, source: int, name: str, start: int, count: int) -> torch.Tensor:
+    """`count` elements of input `source`'s tensor `name` from `start`, as the plan's output
+    sees it (rows aligned to the output vocabulary where they are), in the tensor's dtype."""
+    info = plan.checkpoints[source].tensors[name]
+    buffer = torch.empty(count * info.itemsize, dtype=torch.uint8)
+    if count:
+        plan.read_into(source, name, buffer.numpy().data, start * info.itemsize)
     return buffer.view(TORCH_DTYPES[info.dtype])
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from core.hub.refs import is_hub_source
 from core.settings import Settings
 from core.sources import resolve_source
+from engine.mergekit import MergekitOrigin
 from engine.planner import make_plan
 from engine.recipe import Recipe, named_sources, recipe_to_dict
 
@@ -34,10 +35,16 @@ _lock = threading.Lock()
 
 
 def check_headers(
-    recipe: Recipe, settings: Settings, tenant: str, *, resolved: Mapping[str, Path] | None = None
+    recipe: Recipe,
+    settings: Settings,
+    tenant: str,
+    *,
+    resolved: Mapping[str, Path] | None = None,
+    mergekit: MergekitOrigin | None = None,
 ) -> None:
     """Raises the engine's RecipeError, CheckpointError or IncompatibleCheckpointsError.
-    `resolved`: sources the caller has resolved already (resolve_source), not resolved again."""
+    `resolved`: sources the caller has resolved already (resolve_source), not resolved again.
+    `mergekit`: the config the recipe was translated from, whose checks need the plan."""
     named = named_sources(recipe)
     if any(is_hub_source(n.source) for n in named):
         return
@@ -51,11 +58,13 @@ def check_headers(
         files = None
     key = (json.dumps(recipe_to_dict(recipe), sort_keys=True), files or ())
     with _lock:
-        if files is not None and key in _passed:
+        if files is not None and key in _passed and mergekit is None:
             _passed.move_to_end(key)
             return
     plan = make_plan(recipe, resolve=paths.__getitem__, headers_only=True)
     plan.close()
+    if mergekit is not None:
+        mergekit.apply(plan)
     if files is None:
         return
     with _lock:

@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import to_json
 
 from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
 from engine.methods import METHODS
-from engine.recipe_parts import RecipeBase
+from engine.recipe_parts import Credential, OutputOptions, RecipeBase
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -41,13 +41,50 @@ def _merge_request(recipe: type[RecipeBase]) -> type[RecipeBase]:
 
 
 MERGE_REQUESTS = tuple(_merge_request(m.recipe) for m in METHODS.values())
-# A merge request: the recipe schema of `layerswap merge`, plus an optional evaluation.
+MAX_MERGEKIT_YAML = 256 * 1024  # characters: configs on model cards are a few hundred
+
+
+class MergekitMerge(_Evaluated):
+    """A mergekit 0.1.5 config, translated into a Layerswap recipe at submit; the job runs and
+    shows that recipe, and keeps the config for lineage (docs: mergekit recipes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mergekit: dict[str, Any] | Annotated[str, Field(max_length=MAX_MERGEKIT_YAML)] = Field(
+        description="the config: a mapping (merge_method, models or slices, base_model, "
+        "parameters, dtype, out_dtype, tokenizer_source, name), or its YAML text"
+    )
+    output: OutputOptions = Field(
+        OutputOptions(),
+        description="Layerswap's output options the config has no word for (hub, mlflow, "
+        "shard_size); the dtype comes from the config's out_dtype or dtype, the name from its "
+        "name or here",
+    )
+    credential: Credential = None  # for hf:// sources
+
+
+def _merge_kind(body: Any) -> str | None:
+    """The request's member of MergeRequest: a mergekit config, or the recipe's method."""
+    if isinstance(body, dict):
+        found = "mergekit" if "mergekit" in body else body.get("method")
+        return found if isinstance(found, str) else None
+    return "mergekit" if isinstance(body, MergekitMerge) else getattr(body, "method", None)
+
+
+# A merge request: the recipe schema of `layerswap merge`, or a mergekit config; plus an
+# optional evaluation and webhook.
 if TYPE_CHECKING:
 
-    class MergeRequest(RecipeBase, _Evaluated): ...
+    class RecipeRequest(RecipeBase, _Evaluated): ...
 
+    MergeRequest = RecipeRequest | MergekitMerge
 else:
-    MergeRequest = Annotated[Union[MERGE_REQUESTS], Field(discriminator="method")]  # noqa: UP007
+    _TAGGED = tuple(
+        Annotated[r, Tag(name)] for name, r in zip(METHODS, MERGE_REQUESTS, strict=True)
+    )
+    MergeRequest = Annotated[
+        Union[(*_TAGGED, Annotated[MergekitMerge, Tag("mergekit")])],
+        Discriminator(_merge_kind),
+    ]
 
 
 class ErrorBody(BaseModel):

@@ -41,6 +41,7 @@ from engine.errors import (
     is_disk_full,
 )
 from engine.merge import MergeOptions, merge
+from engine.mergekit import MergekitOrigin
 from worker.analysis_jobs import run_analysis_job
 from worker.evaluation_jobs import run_evaluation
 from worker.inputs import fetch_hub_inputs, local_resolver
@@ -325,6 +326,9 @@ def _merge(
         job={"id": job.id, "attempt": lease.attempt},
         known_digests=fetched.digests if fetched else {},
         reserve_space=space_reserver(db, settings, job.tenant_id),
+        mergekit=MergekitOrigin.from_record(job.request["mergekit"])
+        if "mergekit" in job.request
+        else None,
     )
     try:
         return merge(

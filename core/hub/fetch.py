@@ -299,11 +299,8 @@ def _needed_spans(
     try:
         by_input: dict[int, dict[str, list[Span]]] = {}
         for tensor in plan.tensors:
-            sources = {term.source for term in tensor.terms}
-            if tensor.op == "ties" and plan.ties is not None:
-                sources.add(plan.ties.base)
-            for index in sources:
-                info = plan.checkpoints[index].tensors[tensor.name]
+            for index in plan.inputs_read(tensor):
+                info = plan.checkpoints[index].tensors[tensor.read_name]
                 spans = by_input.setdefault(index, {}).setdefault(info.file.name, [])
                 spans.append((info.start, info.start + info.nbytes))
         needed: dict[str, dict[str, list[Span] | None]] = {}

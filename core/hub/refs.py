@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.recipe import Recipe, named_sources
+from engine.recipe_parts import TOKENIZER_MODEL_PREFIX
 
 SCHEME = "hf://"
 _REPO = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
@@ -59,4 +60,27 @@ def replace_sources(request: dict[str, Any], mapping: dict[str, str]) -> dict[st
         result["models"] = [mapping.get(x, x) for x in result["models"]]
     if result.get("base") is not None:
         result["base"] = mapping.get(result["base"], result["base"])
+    params = result.get("params")
+    if isinstance(params, dict) and isinstance(params.get("slices"), list):  # passthrough's
+        result["params"] = {
+            **params,
+            "slices": [_renamed_slice(s, mapping) for s in params["slices"]],
+        }
+    source = result.get("tokenizer_source")
+    if isinstance(source, str):  # names a source, maybe as model:<source>
+        prefix = TOKENIZER_MODEL_PREFIX if source.startswith(TOKENIZER_MODEL_PREFIX) else ""
+        named = source.removeprefix(prefix)
+        result["tokenizer_source"] = prefix + mapping.get(named, named)
     return result
+
+
+def _renamed_slice(piece: Any, mapping: dict[str, str]) -> Any:
+    if not isinstance(piece, dict) or not isinstance(piece.get("sources"), list):
+        return piece
+    sources = [
+        {**x, "model": mapping.get(x["model"], x["model"])}
+        if isinstance(x, dict) and isinstance(x.get("model"), str)
+        else x
+        for x in piece["sources"]
+    ]
+    return {**piece, "sources": sources}

@@ -9,12 +9,14 @@ from typing import Any, Literal
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
 from engine.gradients import Condition, Setting, Switch, SwitchCondition
-from engine.plan import InputRef, Op, Term, TiesSettings
+from engine.plan import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.progress import CancelCheck
 from engine.recipe_parts import RecipeBase, Strict
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
+# (tensor name, layer index or None) -> a `sparsify` tensor's amounts
+ThinningRule = Callable[[str, int | None], Thinning]
 
 
 @dataclass
@@ -41,6 +43,16 @@ class Inputs:
 
         if self.base is None:
             raise RecipeError.for_field("base", f"required for magnitude weights ({field})")
+        base_tensors = self.checkpoints[self.base].tensors
+        for i in indices:  # only aligned vocabularies differ in shape (validate.py)
+            other = self.checkpoints[i].tensors
+            if resized := [n for n, t in base_tensors.items() if other[n].shape != t.shape]:
+                raise RecipeError.for_field(
+                    field,
+                    f"magnitude weights compare {self.refs[i].label} with the base tensor by "
+                    f"tensor, and its {resized[0]} has other rows (another vocabulary); give "
+                    "explicit weights",
+                )
         if self.headers_only:
             return [1.0] * len(indices)
         base = self.checkpoints[self.base]
@@ -72,6 +84,8 @@ class MethodPlan:
     config_input: int
     tokenizer_input: int
     ties: TiesSettings | None = None
+    sparsify: SparsifySettings | None = None
+    thinning: ThinningRule | None = None  # asked for each tensor the rule makes `sparsify`
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     # A method that changes the model's shape lists every output tensor itself, in order,
     # instead of a rule over config_input's tensors; and the output's layer count.
@@ -126,3 +140,6 @@ class Method:
     inputs: Literal["models", "experts"] = "models"
     # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
     pair_baseline: bool = True
+    # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
+    # rule (engine/vocabulary.py), whatever the recipe's `base`.
+    first_model_is_base: bool = False

@@ -53,6 +53,11 @@ class LayerSwapParams(Strict):
     top_transition: int = Field(0, ge=0, description="averaged layers below the top")
     transition_weights: Literal["uniform", "magnitude"] | RoleWeights = "uniform"
     non_layer: Literal["average", "task", "language"] = "average"
+    towers: Literal["average", "task", "language"] = Field(
+        "average",
+        description="what a multimodal model's vision/audio towers and projectors get; the "
+        "layer plan applies to the language model only",
+    )
     expert_soup: Literal["uniform", "magnitude"] = "uniform"
 
 
@@ -137,7 +142,7 @@ def _transition_weights(
 
 
 def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
-    # Never a layer stack taken for non-layer tensors (a vision tower's follow non_layer).
+    # Never a layer stack taken for non-layer tensors (a vision tower follows `towers`).
     stacks = [checkpoint.require_layers(recipe.method) for checkpoint in inputs.checkpoints]
     q = recipe.params
     num_layers = stacks[0].count
@@ -160,9 +165,15 @@ def plan_layer_swap(recipe: LayerSwapRecipe, inputs: Inputs) -> MethodPlan:
         "average": mix(0.5, 0.5),
     }
 
+    stack = stacks[task[0]]  # the config's: names its towers
+
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        origin = q.non_layer if layer is None else region(layer, num_layers, recipe)
-        return "linear", made[origin], origin
+        if layer is not None:
+            origin = region(layer, num_layers, recipe)
+            return "linear", made[origin], origin
+        if stack.in_tower(name):
+            return "linear", made[q.towers], f"tower: {q.towers}"
+        return "linear", made[q.non_layer], q.non_layer
 
     return MethodPlan(
         rule=rule,

@@ -68,4 +68,5 @@ METHOD = Method(
     title="spherical linear interpolation (SLERP)",
     tags=("slerp",),
     base="unused",
+    first_model_is_base=True,
 )

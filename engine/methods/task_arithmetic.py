@@ -1,6 +1,8 @@
 """Task arithmetic (Ilharco et al. 2023): base + λ Σ w_i (T_i − base).
 
-Linear, so it is expanded into one combination: (1 − λ Σ w_i)·base + Σ λ w_i·T_i.
+Computed in that order, as mergekit's task_arithmetic computes it (kernels.py): each delta
+from the base weighted, the deltas summed in model order, divided by Σ w_i with `normalize`,
+scaled by λ, added to the base.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Annotated, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan
-from engine.plan import Op, Term
+from engine.plan import Op, Term, TiesSettings
 from engine.recipe_parts import (
     MAX_MODELS,
     ModelsRecipe,
@@ -26,6 +28,9 @@ class TaskArithmeticParams(Strict):
         "uniform", description="uniform = 1.0 each"
     )
     lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
+    normalize: bool = Field(
+        False, description="divide the summed task vectors by Σ w (unless it is about 0)"
+    )
 
 
 class TaskArithmeticRecipe(ModelsRecipe):
@@ -43,22 +48,20 @@ class TaskArithmeticRecipe(ModelsRecipe):
 def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> MethodPlan:
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
-    weights = recipe.params.weights
-    resolved = [1.0] * len(models) if weights == "uniform" else list(weights)
-    scale = recipe.params.lambda_
-    made = (
-        Term(base, 1.0 - scale * sum(resolved)),
-        *(Term(i, scale * w) for i, w in zip(models, resolved, strict=True)),
-    )
+    q = recipe.params
+    resolved = [1.0] * len(models) if q.weights == "uniform" else list(q.weights)
+    made = tuple(Term(i, w) for i, w in zip(models, resolved, strict=True))
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        return "linear", made, "task_arithmetic"
+        return "task_arithmetic", made, "task_arithmetic"
 
     return MethodPlan(
         rule=rule,
         config_input=models[0],
         tokenizer_input=models[0],
-        resolved_weights={"models": resolved, "lambda": scale},
+        # density 1: nothing is trimmed (the settings are TIES's shape)
+        ties=TiesSettings(base, 1.0, q.lambda_, q.normalize),
+        resolved_weights={"models": resolved, "lambda": q.lambda_},
     )
 
 

@@ -1,10 +1,10 @@
-"""`layerswap merge`: the engine alone, on local directories (and Hub sources, fetched first)."""
+"""`layerswap merge`: the engine alone, on local directories (and Hub sources, fetched first).
+A mergekit config (one with `merge_method`) is translated into a Layerswap recipe first."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 import yaml
@@ -16,12 +16,14 @@ from core.hub.refs import hub_sources
 from engine.errors import RecipeError
 from engine.merge import MergeOptions, MergeResult
 from engine.merge import merge as run_merge
+from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
 
 
-def load_recipe_file(path: Path) -> Any:
+def load_recipe_file(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
+    """The recipe in `path`; a mergekit config translated, with what it carries beside."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -33,7 +35,12 @@ def load_recipe_file(path: Path) -> Any:
         raise RecipeError.for_field(
             "recipe", f"{path} is not valid YAML{where}: {problem}"
         ) from None
-    return parse_recipe(data)
+    if not is_mergekit_config(data):
+        return parse_recipe(data), None
+    # mergekit: a model that is a directory is local, anything else a Hub repository. Local
+    # paths are relative to the config file, as in every recipe.
+    translated = translate(data, is_local=lambda ref: (path.parent / ref).is_dir())
+    return translated.recipe, translated.origin
 
 
 def local_resolver(root: Path) -> Callable[[str], Path]:
@@ -49,7 +56,11 @@ def local_resolver(root: Path) -> Callable[[str], Path]:
 @click.command()
 @click.argument("recipe_file", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), required=True)
-@click.option("--dry-run", is_flag=True, help="Print the per-layer plan and write nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the per-layer plan (and a mergekit config's translated recipe); write nothing.",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-fsync", is_flag=True, help="Skip fsync before publishing (faster, less safe).")
@@ -63,9 +74,10 @@ def merge(
     no_fsync: bool,
     quiet: bool,
 ) -> None:
-    """Merge the checkpoints named in RECIPE_FILE (YAML) into --out."""
+    """Merge the checkpoints named in RECIPE_FILE (YAML: a Layerswap recipe, or a mergekit
+    config) into --out."""
     with engine_errors():
-        recipe = load_recipe_file(recipe_file)
+        recipe, mergekit = load_recipe_file(recipe_file)
         if recipe.output.mlflow is not None:
             raise click.UsageError(
                 "output.mlflow registers a merge made by the service (POST /v1/merges); "
@@ -78,6 +90,9 @@ def merge(
             if dry_run:
                 plan = make_plan(recipe, resolve=resolve)
                 plan.close()
+                if mergekit is not None:
+                    mergekit.apply(plan)
+                    click.echo(_translated(recipe))
                 click.echo(plan.table())
                 return
             options = MergeOptions(
@@ -86,6 +101,7 @@ def merge(
                 overwrite=overwrite,
                 hash_cache=cache_dir() / "sha256",
                 known_digests=fetched.digests if fetched else {},
+                mergekit=mergekit,
             )
             with progress_bar(disabled=quiet) as on_progress:
                 result = run_merge(
@@ -97,6 +113,12 @@ def merge(
         _report(result)
         if recipe.output.hub is not None:
             _publish(result, recipe.output.hub)
+
+
+def _translated(recipe: Recipe) -> str:
+    """The Layerswap recipe a mergekit config became, as YAML a user can keep and run."""
+    shown = recipe.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return "# the mergekit config as a Layerswap recipe\n" + yaml.safe_dump(shown, sort_keys=False)
 
 
 def _pin_and_fetch(

@@ -95,12 +95,14 @@ def ended(job: Any) -> None:
 def submit(
     recipe: Path, server: str, kind: str, wait_: bool, idempotency_key: str | None, quiet: bool
 ) -> None:
-    """Submit RECIPE (YAML or JSON: a merge recipe, or an evaluation / analysis request) to a
-    running service; prints the job id, or with --wait the ended job (exit 1 unless it
-    succeeded)."""
+    """Submit RECIPE (YAML or JSON: a merge recipe or mergekit config, or an evaluation /
+    analysis request) to a running service; prints the job id, or with --wait the ended job
+    (exit 1 unless it succeeded)."""
     body = yaml.safe_load(recipe.read_text(encoding="utf-8"))
     if not isinstance(body, dict):
         raise click.BadParameter("must hold a mapping", param_hint="RECIPE")
+    if kind == "merge" and "merge_method" in body:  # a mergekit config: the service translates
+        body = {"mergekit": body}
     with remote(server) as client:
         jobs = getattr(client, KINDS[kind])
         job = jobs.create(body, idempotency_key=idempotency_key)

@@ -73,15 +73,18 @@ def describe_invalid(errors: list[Any]) -> tuple[str, dict[str, Any]]:
     if where != "body":
         field = ".".join(str(part) for part in loc[1:]) or where
         return f"{field}: {first['msg']}", {"field": field, "in": where}
+    if not isinstance(first.get("input"), dict) and len(loc) == 1:  # an array, a string, null
+        return 'body: must be a JSON object: a recipe, or {"mergekit": config}', {"field": "body"}
     if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
         got = first.get("ctx", {}).get("tag")
         return (
-            f"method: must be one of {', '.join(METHODS)} (got {got!r})",
+            f"method: must be one of {', '.join(METHODS)}, or the body a mergekit config "
+            f'{{"mergekit": ...}} (got {got!r})',
             {"field": "method"},
         )
     if len(loc) == 1:  # the body as a whole: missing, or not a JSON object
         return f"body: {first['msg']}", {"field": "body"}
-    skip = 1 + (loc[1] in METHODS)
+    skip = 1 + (loc[1] in (*METHODS, "mergekit"))  # the union member's tag
     error = recipe_error_from(errors, skip=skip)
     return error.message, error.details
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
+import yaml
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from core import jobs
 from core.changes import CHANGES
 from core.db.models import Artifact, Job, as_utc
-from core.errors import InvalidRequest
+from core.errors import InvalidRequest, ServiceError
 from core.evaluations import check_spec, comparison
 from core.hub.credentials import token_for
 from core.hub.errors import HubError
@@ -26,7 +28,9 @@ from core.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sourc
 from core.integrations.mlflow_registry import check_destination
 from core.lineage import get_artifact
 from core.sources import resolve_source
-from engine.recipe import Recipe, named_sources, parse_recipe, recipe_to_dict
+from engine.errors import EngineError, RecipeError
+from engine.mergekit import MergekitOrigin, translate
+from engine.recipe import HUB_REPO_PATTERN, Recipe, named_sources, parse_recipe, recipe_to_dict
 from service.api import polling
 from service.api.deps import Context, ContextDep, TenantDep, current_tenant
 from service.api.errors import error_response
@@ -40,6 +44,7 @@ from service.schemas import (
     JobPage,
     JobRead,
     JobView,
+    MergekitMerge,
     MergeRequest,
     job_read,
     published_view,
@@ -135,20 +140,36 @@ EXAMPLE_REQUEST = {
     "experts": {"task": ["examples/math"], "language": ["examples/swh"]},
     "params": {"bottom": 1, "top": 1},
 }
+# The same checkpoints merged by a mergekit config (docs: mergekit recipes).
+EXAMPLE_MERGEKIT = {
+    "mergekit": {
+        "merge_method": "slerp",
+        "base_model": "examples/math",
+        "models": [{"model": "examples/math"}, {"model": "examples/swh"}],
+        "parameters": {"t": [0, 0.5, 1]},
+    }
+}
 
 
 @router.post("", status_code=202, response_model=JobRead)
 async def submit_merge(
     body: Annotated[
         MergeRequest,
-        Body(openapi_examples={"layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST}}),
+        Body(
+            openapi_examples={
+                "layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST},
+                "mergekit": {"summary": "a mergekit config", "value": EXAMPLE_MERGEKIT},
+            }
+        ),
     ],
     context: ContextDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
-    """Queue a merge. The body is the recipe schema of `layerswap merge`, plus an optional
-    `evaluation` run on the merged model once it exists."""
+    """Queue a merge. The body is the recipe schema of `layerswap merge`, or `{"mergekit":
+    config}` with a mergekit 0.1.5 config (a mapping or YAML text: translated into a recipe,
+    its errors naming the config's field as `mergekit.<field>`); plus an optional `evaluation`
+    run on the merged model once it exists."""
     # One hop to a thread for all the blocking work, the answer's JSON included: as a sync
     # route FastAPI made a second hop to validate and serialise the returned model again.
     job_id, body_json = await run_in_threadpool(_submit_merge, body, context, tenant,
@@ -165,18 +186,21 @@ def _submit_merge(
     body: MergeRequest, context: Context, tenant: str, idempotency_key: str | None
 ) -> tuple[str, bytes]:
     """Check, record and dispatch a submitted merge: (its job id, the answer's JSON)."""
-    recipe = parse_recipe(
-        body.model_dump(mode="json", by_alias=True, exclude={"evaluation", "webhook"})
-    )
+    recipe, mergekit = _recipe_of(body, context, tenant)
     if body.evaluation is not None:
         check_spec(body.evaluation, context.settings)
     if body.webhook is not None:
         check_webhook_url(body.webhook, context.settings, field="webhook")
     if recipe.output.mlflow is not None:
         check_destination(context.settings, tenant, recipe.output.mlflow)  # another's: 403
-    sources, local = check_sources(recipe, context, tenant)
-    check_headers(recipe, context.settings, tenant, resolved=local)
+    try:
+        sources, local = check_sources(recipe, context, tenant)
+        check_headers(recipe, context.settings, tenant, resolved=local, mergekit=mergekit)
+    except (EngineError, ServiceError) as e:
+        raise (mergekit.renamed(e, prefix=MERGEKIT) if mergekit else e) from None
     request = recipe_to_dict(recipe)
+    if mergekit is not None:  # for the worker (its checks, warnings) and lineage
+        request["mergekit"] = mergekit.record()
     if body.evaluation is not None:
         request["evaluation"] = body.evaluation.model_dump()
     if body.webhook is not None:
@@ -194,6 +218,64 @@ def _submit_merge(
     if created:
         context.executor.dispatch(job.id, job.kind)
     return job.id, view_json(read_job(context, job))
+
+
+MERGEKIT = "mergekit."  # a mergekit config's fields, in the request body
+
+
+def _recipe_of(
+    body: MergeRequest, context: Context, tenant: str
+) -> tuple[Recipe, MergekitOrigin | None]:
+    """The recipe a request asks for: as written, or translated from its mergekit config."""
+    if not isinstance(body, MergekitMerge):
+        exclude = {"evaluation", "webhook"}
+        return parse_recipe(body.model_dump(mode="json", by_alias=True, exclude=exclude)), None
+    config = _mergekit_config(body.mergekit)
+
+    def is_local(ref: str) -> bool:
+        """As mergekit tells: a directory (here: under the source roots) is local; so is what
+        cannot be a Hub repository (check_sources then says why it is refused)."""
+        if not re.match(HUB_REPO_PATTERN, ref):
+            return True
+        try:
+            resolve_source(ref, context.settings, tenant)
+        except ServiceError:
+            return False
+        return True
+
+    try:
+        translated = translate(
+            config,
+            is_local=is_local,
+            output=body.output.model_dump(mode="json", exclude_unset=True),
+            credential=body.credential,
+        )
+    except RecipeError as e:
+        raise _in_body(e) from None
+    return translated.recipe, translated.origin
+
+
+def _mergekit_config(config: dict[str, object] | str) -> object:
+    if isinstance(config, dict):
+        return config
+    try:
+        return yaml.safe_load(config)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InvalidRequest(
+            f"mergekit: not valid YAML{where}: {problem}", details={"field": "mergekit"}
+        ) from None
+
+
+def _in_body(error: RecipeError) -> RecipeError:
+    """A translation error naming the body's field: the config's under `mergekit.`."""
+    where = str(error.details.get("field", "config"))
+    if where.startswith("output.") or where == "credential":
+        return error
+    field = "mergekit" if where == "config" else MERGEKIT + where
+    return RecipeError.for_field(field, error.message.removeprefix(f"{where}: "))
 
 
 PAGE_LIMIT = 200  # most merges on a page

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.methods.layer_swap import LayerSwapParams
-from service.sweeps.spec import MAX_SPACE, Baseline, Grid, Pair, SweepCreate
+from service.sweeps.spec import MAX_SPACE, Grid, Pair, SweepCreate
 
 PAPER_LAYERS = 32  # the paper's models (Llama 3.1 8B): presets are stated for this depth
 PAPER_DEFAULT = (5, 2)  # bottom, top
@@ -201,9 +201,11 @@ def trials(
         if baseline.method == "experts":
             continue
         found += [
-            Trial(baseline_label(baseline), i, baseline_recipe(spec, pair, baseline))
+            Trial(baseline_label(baseline.method, params), i,
+                  baseline_recipe(spec, pair, baseline.method, params))
+            for params in baseline.points()
             for i, pair in enumerate(pairs)
-        ]
+        ]  # fmt: skip
     if any(b.method == "experts" for b in spec.baselines):
         experts = dict.fromkeys([*(p.task for p in pairs), *(p.language for p in pairs)])
         found += [Trial(f"expert:{source}", None, None, source=source) for source in experts]
@@ -219,17 +221,19 @@ def layer_swap_recipe(spec: SweepCreate, pair: Pair, params: LayerSwapParams) ->
     return _common(spec, recipe)
 
 
-def baseline_label(baseline: Baseline) -> str:
-    if not baseline.params:
-        return baseline.method
-    return baseline.method + " " + " ".join(f"{k}={v}" for k, v in sorted(baseline.params.items()))
+def baseline_label(method: str, params: dict[str, Any]) -> str:
+    if not params:
+        return method
+    return method + " " + " ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
-def baseline_recipe(spec: SweepCreate, pair: Pair, baseline: Baseline) -> dict[str, Any]:
+def baseline_recipe(
+    spec: SweepCreate, pair: Pair, method: str, params: dict[str, Any]
+) -> dict[str, Any]:
     recipe: dict[str, Any] = {
-        "method": baseline.method,
+        "method": method,
         "models": [pair.task, pair.language],
-        "params": dict(baseline.params),
+        "params": dict(params),
     }
     return _common(spec, recipe)
 
@@ -255,8 +259,8 @@ def planned_jobs(spec: SweepCreate, layers: int) -> int:
     size = space_size(spec, layers)
     tried = size if spec.search.strategy == "grid" else min(spec.search.trials or 0, size)
     count = tried * pairs * (1 if spec.evaluates_in_memory else 2)
-    merged = [b for b in spec.baselines if b.method != "experts"]
-    count += len(merged) * pairs * 2  # a merge and its evaluation each
+    merged = sum(len(b.points()) for b in spec.baselines if b.method != "experts")
+    count += merged * pairs * 2  # a merge and its evaluation each
     if any(b.method == "experts" for b in spec.baselines):
         expert_pairs = spec.expert_pairs()
         count += len({*(p.task for p in expert_pairs), *(p.language for p in expert_pairs)})

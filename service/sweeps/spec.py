@@ -7,6 +7,8 @@ before any configuration is built (service/sweeps/expand.py)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from typing import Annotated, Any, Literal, Self
 
@@ -92,14 +94,43 @@ def short_name(source: str) -> str:
 BASELINE_METHODS = tuple(name for name, m in METHODS.items() if m.pair_baseline)
 
 
+MAX_BASELINE_POINTS = 64  # merges one baseline's space expands to, per pair
+
+
 class Baseline(_Strict):
-    """Another method on the same pairs (`models` = [task, language]), or the experts alone."""
+    """Another method on the same pairs (`models` = [task, language]), or the experts alone.
+    `space` lists values for some of the method's params: the baseline runs once per point of
+    their product, each point on top of `params` (e.g. TIES at three densities)."""
 
     method: str = Field(
         description="experts, or a method that runs on a pair with params alone: "
         + ", ".join(BASELINE_METHODS)
     )
     params: dict[str, Any] = Field(default_factory=dict, max_length=16)
+    space: dict[str, Annotated[list[Any], Field(min_length=1, max_length=16)]] = Field(
+        default_factory=dict,
+        max_length=4,
+        description="param -> values to try; the baseline runs at each point of their product "
+        f"(at most {MAX_BASELINE_POINTS})",
+    )
+
+    @model_validator(mode="after")
+    def _space(self) -> Self:
+        if self.method == "experts" and (self.params or self.space):
+            raise ValueError("space: the experts baseline takes no params")
+        if both := sorted(set(self.params) & set(self.space)):
+            raise ValueError(f"space.{both[0]}: also given in params")
+        if math.prod(len(v) for v in self.space.values()) > MAX_BASELINE_POINTS:
+            raise ValueError(f"space: more than {MAX_BASELINE_POINTS} points")
+        return self
+
+    def points(self) -> list[dict[str, Any]]:
+        """The params of each merge the baseline makes, in the order of the space's lists."""
+        names = list(self.space)
+        return [
+            {**self.params, **dict(zip(names, values, strict=True))}
+            for values in itertools.product(*self.space.values())
+        ]
 
     @field_validator("method")
     @classmethod

@@ -85,6 +85,30 @@ def test_submit_wait_status_and_lineage_end_to_end(live: Live, tmp_path: Path) -
     assert down.returncode == 2 and "cannot reach" in down.stderr
 
 
+def test_submit_sends_a_mergekit_config_for_the_service_to_translate(
+    live: Live, tmp_path: Path
+) -> None:
+    from core.db.session import Database
+
+    db = Database(live.settings.database)
+    key = create_key(db, "team-a")
+    db.dispose()
+    config = tmp_path / "mergekit.yml"
+    config.write_text(
+        "merge_method: linear\n"
+        "models:\n"
+        "  - {model: math, parameters: {weight: 0.3}}\n"
+        "  - {model: swh, parameters: {weight: 0.7}}\n",
+        encoding="utf-8",
+    )
+    submitted = run("submit", str(config), "--server", live.url, "--wait", "-q", key=key)
+    assert submitted.returncode == 0, submitted.stderr
+    done = json.loads(submitted.stdout)
+    assert done["status"] == "succeeded"
+    lineage = run("lineage", done["artifact_id"], "--server", live.url, key=key)
+    assert f"job {done['id']} (merge, linear)" in lineage.stdout
+
+
 def test_the_client_installs_and_works_without_torch(live: Live, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

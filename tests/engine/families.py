@@ -25,6 +25,7 @@ _SIZES = {
 }
 _DECODER = {**_SIZES, "num_hidden_layers": TEXT_LAYERS}
 _HEAD_DIM = {**_DECODER, "head_dim": 8}
+_TOKENS = {**_HEAD_DIM, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # within 64
 _MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16}
 _GPT = {"n_embd": 16, "n_layer": TEXT_LAYERS, "n_head": 2, "vocab_size": 64, "n_positions": 64}
 _VISION = {
@@ -54,6 +55,11 @@ _FALCON = {"hidden_size": 16, "num_hidden_layers": TEXT_LAYERS, "num_attention_h
 _BLOOM = {"hidden_size": 16, "n_layer": TEXT_LAYERS, "n_head": 2}
 _MPT = {"d_model": 16, "n_layers": TEXT_LAYERS, "n_heads": 2, "max_seq_len": 64}
 _T5 = {"d_model": 16, "d_ff": 32, "d_kv": 8, "num_layers": TEXT_LAYERS, "num_heads": 2}
+_BART = {
+    "d_model": 16, "encoder_layers": TEXT_LAYERS, "decoder_layers": TEXT_LAYERS,
+    "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+    "decoder_ffn_dim": 32, "max_position_embeddings": 64, "vocab_size": 64,
+}  # fmt: skip
 _QWEN2_VL_VISION = {
     "depth": VISION_LAYERS,
     "embed_dim": 16,
@@ -95,6 +101,25 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
     "starcoder2": FamilySpec(_DECODER),
     "cohere": FamilySpec(_DECODER),
     "deepseek_v3": FamilySpec(_DEEPSEEK),
+    # More decoder-only families people merge, each as transformers builds it
+    "olmo": FamilySpec(_TOKENS),
+    "olmo3": FamilySpec(_TOKENS),
+    "smollm3": FamilySpec(_TOKENS),
+    "glm": FamilySpec(_TOKENS),
+    "glm4": FamilySpec(_TOKENS),
+    "gpt_oss": FamilySpec(_TOKENS),
+    "exaone4": FamilySpec(_TOKENS),
+    "ernie4_5": FamilySpec(_TOKENS),
+    "llama4_text": FamilySpec(_TOKENS),
+    "nemotron": FamilySpec(_TOKENS),
+    "granitemoe": FamilySpec(_TOKENS),
+    "phimoe": FamilySpec(_TOKENS),
+    "helium": FamilySpec(_TOKENS),
+    "seed_oss": FamilySpec(_TOKENS),
+    "apertus": FamilySpec(_TOKENS),
+    "arcee": FamilySpec(_TOKENS),
+    "hunyuan_v1_dense": FamilySpec(_TOKENS),
+    "minimax": FamilySpec(_TOKENS),
     "gpt_neox": FamilySpec(_DECODER, "gpt_neox.layers"),
     "gpt2": FamilySpec(_GPT, "transformer.h"),
     "gptj": FamilySpec({**_GPT, "rotary_dim": 4}, "transformer.h"),
@@ -146,6 +171,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {
         "seq2seq",
         ("encoder.block.", "decoder.block."),
     ),
+    "bart": FamilySpec(_BART, None, "seq2seq", ("model.encoder.layers.", "model.decoder.layers.")),
 }
 
 

@@ -29,7 +29,10 @@ from tests.reference import assert_equal, assert_within_ulps, combine, load, swa
 METHODS = ("layer_swap", "soup", "ties")
 SWAP = {"bottom": 1, "bottom_transition": 1, "top": 1}  # 4 layers: language, mix, task, language
 # What the engine must refuse, with the names its message must give.
-REFUSED = {("t5", "layer_swap"): ("encoder.block", "decoder.block")}
+REFUSED = {
+    ("t5", "layer_swap"): ("encoder.block", "decoder.block"),
+    ("bart", "layer_swap"): ("model.encoder.layers", "model.decoder.layers"),
+}
 DOC = Path(__file__).parents[2] / "docs" / "concepts" / "families.md"
 START, END = "<!-- family matrix: start -->", "<!-- family matrix: end -->"
 UNSUPPORTED = "unsupported"

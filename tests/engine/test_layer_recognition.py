@@ -218,3 +218,38 @@ def test_more_configured_layers_than_the_tensors_hold_are_refused(
     assert info.value.details["path"] == str(task)
     assert "config says 8 layers" in info.value.message
     assert "missing 6, 7)" in info.value.message
+
+
+def test_deepseek_v3_multi_token_prediction_layer_is_not_swapped(
+    run_merge: Any, tmp_path: Path
+) -> None:
+    """DeepSeek-V3 stores its MTP module as layer L (num_nextn_predict_layers after the L
+    counted ones): it is not part of the language stack, so it is made like a non-layer
+    tensor, and the stack still counts L layers."""
+    config = {"num_hidden_layers": LAYERS, "num_nextn_predict_layers": 1}
+    dirs = []
+    for seed, role in ((1, "task"), (2, "language")):
+        # LAYERS + 1 numbered layers: 0..LAYERS-1 and the MTP layer
+        out = save_custom(tmp_path / "tmp" / role, seed, (), {})
+        tensors = load_file(str(out / "model.safetensors"))
+        generator = torch.Generator().manual_seed(seed + 10)
+        for i in range(LAYERS + 1):
+            tensors[f"model.layers.{i}.attn.weight"] = torch.randn(8, 8, generator=generator).to(
+                torch.bfloat16
+            )
+        final = tmp_path / role
+        final.mkdir()
+        save_file(tensors, str(final / "model.safetensors"), metadata={"format": "pt"})
+        (final / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", **config}))
+        dirs.append(final)
+    task, language = dirs
+    result = run_merge(swap(task, language))
+    inputs = {"task": load(task), "language": load(language)}
+    out = load(result.out_dir)
+    mtp = f"model.layers.{LAYERS}.attn.weight"
+    average = combine([0.5, 0.5], [inputs["task"][mtp], inputs["language"][mtp]])
+    assert_equal(out[mtp], average.to(torch.bfloat16), mtp)
+    top = f"model.layers.{LAYERS - 1}.attn.weight"  # the last counted layer: language's
+    assert_equal(out[top], inputs["language"][top], top)
+    stack = result.manifest["layer_stack"]
+    assert (stack["rule"], stack["prefix"], stack["count"]) == ("family table", "model.layers", 4)

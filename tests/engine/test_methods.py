@@ -177,6 +177,31 @@ def test_task_arithmetic_float32_is_tight(llama32: Family, run_merge: Any) -> No
         )
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_task_arithmetic_rounds_each_step_of_the_delta_order(
+    normalize: bool, llama32: Family, run_merge: Any
+) -> None:
+    """base + λ·Σ w_i·(T_i − base) in float32 step by step (the order mergekit rounds in):
+    equal bits, where the expanded (1 − λΣw)·base + Σ λw_i·T_i cancels and differs."""
+    weights, lambda_ = [0.7, -0.3, 0.45], 1.3
+    names = ["task", "language", "task2"]
+    result = run_merge({
+        "method": "task_arithmetic", "base": llama32.base,
+        "models": [getattr(llama32, m) for m in names],
+        "params": {"weights": weights, "lambda": lambda_, "normalize": normalize},
+    })  # fmt: skip
+    base, experts = load(llama32.base), [load(getattr(llama32, m)) for m in names]
+    out = load(result.out_dir)
+    divisor = torch.tensor(weights, dtype=torch.float32).sum()
+    for name, b in base.items():
+        mixed = torch.zeros_like(b)
+        for w, expert in zip(weights, experts, strict=True):
+            mixed = mixed + (expert[name] - b) * torch.tensor(w, dtype=torch.float32)
+        if normalize:
+            mixed = mixed / divisor
+        assert_equal(out[name], b + mixed * torch.tensor(lambda_, dtype=torch.float32), name)
+
+
 # -- output dtype ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("family_name", "dtype", "torch_dtype", "header"),

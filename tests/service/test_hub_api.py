@@ -234,6 +234,93 @@ def test_a_layer_swap_fetches_only_the_bytes_of_the_tensors_it_reads(
         assert torch.equal(tensor, expected_tensor), name
 
 
+def test_a_sparsifying_merge_fetches_the_base_it_takes_deltas_from(
+    service: Service, hub: Any, experts: dict[str, str], sharded_family: Path, tmp_path: Path
+) -> None:
+    """dare_ties reads the base's every tensor as well as the models': the fetch gets its
+    ranges too, and the output equals the same merge of local copies."""
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
+
+    upload(hub, "org/base", sharded_family / "base")
+    params = {"density": 0.5, "weights": [1.0, 0.7], "seed": 5}
+    recipe = {"method": "dare_ties", "base": "hf://org/base",
+              "models": ["hf://org/math", "hf://org/swh"], "params": params,
+              "output": {"name": "dare"}}  # fmt: skip
+    done = service.wait(service.submit(recipe)["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["result"]["resolved_weights"] == {"models": [1.0, 0.7], "seed": 5}
+    for shard in (sharded_family / "base").glob("*.safetensors"):
+        assert hub.bytes_served("org/base", shard.name) > shard_layout(shard)[0], shard.name
+    local = {**recipe, "base": str(sharded_family / "base"), "output": {},
+             "models": [str(sharded_family / m) for m in ("math", "swh")]}  # fmt: skip
+    merge(
+        parse_recipe(local), tmp_path / "local", resolve=Path, options=MergeOptions(durable=False)
+    )
+    expected, merged = (
+        load(tmp_path / "local"),
+        load(service.settings.artifacts_dir / "default" / "dare"),
+    )
+    assert merged.keys() == expected.keys()
+    for name, tensor in merged.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_aligned_vocabularies_fetch_the_rows_they_fill_from(
+    service: Service, hub: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """tokenizer_source names a Hub source (still matching once pinned); the output's head
+    and embedding are the language expert's rows aligned to the task expert's vocabulary,
+    which fill the chat tokens it lacks from the task expert's rows: those are fetched too,
+    though the task expert is not a term of those tensors."""
+    from tests.engine.vocabularies import aligned, make_chat_family, vocabulary
+
+    fam = make_chat_family(tmp_path_factory.mktemp("vocab"), dtype=torch.bfloat16)
+    upload(hub, "org/chat", fam.chat)
+    upload(hub, "org/tool", fam.tool)
+    recipe = {
+        "method": "layer_swap",
+        "experts": {"task": ["hf://org/chat"], "language": ["hf://org/tool"]},
+        "params": {"bottom": 1, "top": 0, "non_layer": "language"},
+        "tokenizer_source": "hf://org/chat",
+        "output": {"name": "vocab"},
+    }
+    done = service.wait(service.submit(recipe)["id"])
+    assert done["status"] == "succeeded", done["error"]
+    out = service.settings.artifacts_dir / "default" / "vocab"
+    merged, output = load(out), vocabulary(out)
+    assert output == vocabulary(fam.chat)
+    chat, tool = load(fam.chat), load(fam.tool)
+    vocabularies = [vocabulary(fam.chat), vocabulary(fam.tool)]
+    for name, tensor in merged.items():
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            expected = aligned(output, vocabularies, [chat[name], tool[name]], base=None)[1]
+        else:
+            expected = chat[name] if name.startswith("model.layers.1.") else tool[name]
+        assert torch.equal(tensor, expected), name
+
+
+def test_a_passthrough_of_hub_sources_is_pinned_slices_included(
+    service: Service, experts: dict[str, str], sharded_family: Path
+) -> None:
+    """Pinning renames every mention of a source: the slices name the models too."""
+    math, swh = "hf://org/math@main", "hf://org/swh"
+    slices = [{"sources": [{"model": math, "layer_range": [0, 2]}]},
+              {"sources": [{"model": swh, "layer_range": [1, 3]}]}]  # fmt: skip
+    job = service.submit({"method": "passthrough", "models": [math, swh],
+                          "params": {"slices": slices}})  # fmt: skip
+    pinned = [f"hf://org/math@{experts['math']}", f"hf://org/swh@{experts['swh']}"]
+    assert job["request"]["models"] == pinned
+    named = [s["sources"][0]["model"] for s in job["request"]["params"]["slices"]]
+    assert named == pinned
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+    out = load(service.settings.artifacts_dir / "default" / done["output"]["name"])
+    swh_layers = load(sharded_family / "swh")
+    name = "model.layers.{}.mlp.up_proj.weight"
+    assert torch.equal(out[name.format(2)], swh_layers[name.format(1)])  # output 2 = swh's 1
+
+
 def test_a_second_job_reuses_the_cache(service: Service, hub: Any, experts: dict[str, str]) -> None:
     assert service.wait(service.submit(swap())["id"])["status"] == "succeeded"
     hub.clear_requests()

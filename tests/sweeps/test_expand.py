@@ -151,6 +151,41 @@ def test_a_grid_of_millions_is_counted_not_built() -> None:
     assert "more than the 10000 a random search may choose among" in message
 
 
+def test_a_baseline_space_runs_the_method_at_each_point() -> None:
+    body = spec(
+        configurations=[{"bottom": 1, "top": 1}],
+        baselines=[{"method": "ties", "params": {"lambda": 1.0},
+                    "space": {"density": [0.3, 0.7], "normalize": [True, False]}}],
+    )  # fmt: skip
+    found = trials(body, initial_configurations(body, 6))
+    ties = [t for t in found if t.recipe is not None and t.recipe["method"] == "ties"]
+    assert len(ties) == 4 * 2  # 2 densities × 2 normalize, on each of 2 pairs
+    points = {(t.recipe["params"]["density"], t.recipe["params"]["normalize"]) for t in ties}
+    assert points == {(0.3, True), (0.3, False), (0.7, True), (0.7, False)}
+    assert all(t.recipe["params"]["lambda"] == 1.0 for t in ties)
+    assert len({t.config for t in ties}) == 4  # a leaderboard row per point
+    assert "density=0.3" in ties[0].config
+    assert planned_jobs(body, 6) == 2 + 4 * 2 * 2 + 2  # swaps in memory, ties written, best
+    assert planned_jobs(body, 6) == job_count(found) + 2
+
+
+@pytest.mark.parametrize(
+    ("baseline", "message"),
+    [
+        ({"method": "ties", "params": {"density": 0.5}, "space": {"density": [0.3]}},
+         "space.density: also given in params"),
+        ({"method": "ties", "space": {f"p{i}": list(range(16)) for i in range(2)}},
+         "space: more than 64 points"),
+        ({"method": "experts", "space": {"density": [0.3]}}, "takes no params"),
+        ({"method": "ties", "space": {"density": []}}, "at least 1 item"),
+        ({"method": "layer_swap"}, "must be experts or one of"),
+    ],
+)  # fmt: skip
+def test_bad_baseline_spaces_are_refused(baseline: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec(configurations=[{"bottom": 1, "top": 1}], baselines=[baseline])
+
+
 def test_counted_sizes_are_what_the_expansion_builds() -> None:
     rng = random.Random(5)
     for case in range(40):

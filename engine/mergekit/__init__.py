@@ -1,0 +1,227 @@
+"""mergekit 0.1.5 configs (`merge_method`, `models` or `slices`, ...) as Layerswap recipes.
+
+`translate` reads a config as mergekit would (its parameters' precedence, filters, gradients
+and defaults) and writes the Layerswap recipe that computes the same merge, refusing by its
+mergekit field (`models.1.parameters.density`) whatever Layerswap cannot honour. What travels
+beside the recipe (the config, warnings, checks that need the checkpoints) is a MergekitOrigin.
+Torch-free, like engine.recipe: the API translates at submit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import RecipeError
+from engine.mergekit.config import (
+    Input,
+    IsLocal,
+    MergekitConfig,
+    dtype_name,
+    mapping,
+    model_source,
+    read,
+    whole_models,
+)
+from engine.mergekit.methods import METHODS, NOT_YET, Method
+from engine.mergekit.origin import MergekitOrigin
+from engine.recipe import Recipe, named_sources, parse_recipe
+
+__all__ = ["MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
+_NARROW = ("bfloat16", "float16")  # mergekit's arithmetic in these is less precise than ours
+
+
+@dataclass(frozen=True)
+class Translated:
+    recipe: Recipe
+    origin: MergekitOrigin
+
+
+def is_mergekit_config(data: Any) -> bool:
+    """A mergekit config names its `merge_method`; a Layerswap recipe its `method`."""
+    return isinstance(data, dict) and "merge_method" in data
+
+
+def translate(
+    data: Any,
+    *,
+    is_local: IsLocal,
+    output: dict[str, Any] | None = None,
+    credential: str | None = None,
+) -> Translated:
+    """The Layerswap recipe for a mergekit config. `is_local` tells a local directory from a
+    Hub repository (mergekit: a path that exists is local); `output` and `credential` are
+    Layerswap's options the config has no word for (publishing, shard size, a Hub credential).
+    Raises RecipeError naming the mergekit field, or `output.*` / `credential`."""
+    config = read(data, is_local)
+    method = _method(config.method)
+    if config.slices is not None and config.method != "passthrough":
+        whole_models(config)
+    _check_parameter_names(config, method)
+    recipe = method.translate(config)
+    recipe["output"] = _output(data, config, dict(output or {}))
+    if credential is not None:
+        recipe["credential"] = credential
+    if data.get("chat_template") is not None:
+        raise RecipeError.for_field(
+            "chat_template", "not supported: the output takes its first model's tokenizer as is"
+        )
+    fields = _source_fields(config, recipe)
+    parsed = _parse(recipe, fields)
+    tokenizer = _tokenizer(data, config, parsed, is_local)
+    origin = MergekitOrigin(
+        json.loads(json.dumps(data, default=str)),  # JSON for the manifest (YAML has dates)
+        tuple(config.warnings),
+        config.depth,
+        fields,
+        tokenizer,
+    )
+    return Translated(parsed, origin)
+
+
+def _method(name: str) -> Method:
+    if name in METHODS:
+        return METHODS[name]
+    known = ", ".join(sorted(METHODS))
+    if name in NOT_YET:
+        raise RecipeError.for_field(
+            "merge_method",
+            f"mergekit's {name} has no Layerswap counterpart yet (there are: {known})",
+        )
+    raise RecipeError.for_field(
+        "merge_method", f"{name!r} is not a mergekit 0.1.5 method ({known})"
+    )
+
+
+def _check_parameter_names(config: MergekitConfig, method: Method) -> None:
+    """mergekit ignores a parameter its method does not take: so does Layerswap, saying so."""
+    ours = method.shared | method.per_model
+    blocks: list[tuple[Input | None, str, dict[str, Any]]] = [
+        (m, f"{m.field}.parameters", m.parameters) for m in config.inputs
+    ]
+    blocks += [(None, where, block) for where, block in config.shared_blocks]
+    if config.method == "passthrough":  # its slices' parameters are read slice by slice
+        for piece in config.slices or []:
+            blocks += [(m, f"{m.field}.parameters", m.parameters) for m in piece.inputs]
+            blocks.append((None, f"{piece.field}.parameters", piece.parameters))
+    for model, where, block in blocks:
+        for name in block:
+            problem = _ignored(config, method, model, name, ours)
+            if problem:
+                config.warnings.append(f"{where}.{name}: {problem}; ignored, as mergekit does")
+
+
+def _ignored(
+    config: MergekitConfig, method: Method, model: Input | None, name: str, ours: frozenset[str]
+) -> str | None:
+    if name == "int8_mask" and name in ours:
+        return "it changes only how mergekit stores its sign mask"
+    if name not in ours:
+        return f"not a parameter of mergekit's {config.method}"
+    if model is not None and name not in method.per_model:
+        return f"{config.method} takes one {name} for all the models, not one per model"
+    if model is not None and config.is_base(model) and not method.base_takes_per_model:
+        return f"{config.method} takes no {name} for its base"
+    return None
+
+
+def _output(data: dict[str, Any], config: MergekitConfig, out: dict[str, Any]) -> dict[str, Any]:
+    if "dtype" in out:
+        raise RecipeError.for_field(
+            "output.dtype", "set by the mergekit config's out_dtype (or dtype), not here"
+        )
+    dtype = dtype_name(data["dtype"], "dtype") if data.get("dtype") is not None else None
+    out_dtype = None
+    if data.get("out_dtype") is not None:
+        out_dtype = dtype_name(data["out_dtype"], "out_dtype")
+    out["dtype"] = out_dtype or dtype or "source"  # mergekit writes in dtype unless out_dtype
+    if dtype in _NARROW and config.method != "passthrough":  # a copy computes nothing
+        config.warnings.append(
+            f"dtype {dtype}: mergekit would compute in {dtype}; Layerswap computes in float32 "
+            f"and rounds once to {out['dtype']}, so the output is at least as precise and may "
+            "differ from mergekit's in the last bit"
+        )
+    if data.get("name") is not None:
+        if "name" in out:
+            raise RecipeError.for_field("output.name", "the mergekit config's name names it")
+        out["name"] = data["name"]
+    return out
+
+
+def _model_field(model: Input) -> str:
+    return model.field if model.field.endswith("base_model") else f"{model.field}.model"
+
+
+def _source_fields(config: MergekitConfig, recipe: dict[str, Any]) -> dict[str, str]:
+    """Each source field of the recipe (models.0, base) -> the mergekit field naming it first."""
+    written: dict[str, str] = {}
+    inputs = [m for piece in config.slices or [] for m in piece.inputs] + config.inputs
+    for model in inputs + ([config.base] if config.base else []):
+        written.setdefault(model.source, _model_field(model))
+    fields = {f"models.{i}": written[s] for i, s in enumerate(recipe["models"])}
+    if recipe.get("base") is not None:
+        fields["base"] = config.base_field
+    return fields
+
+
+def _parse(recipe: dict[str, Any], fields: dict[str, str]) -> Recipe:
+    """parse_recipe, its errors named by the mergekit field where there is one (a check the
+    translators missed names the recipe's field, saying so)."""
+    try:
+        return parse_recipe(recipe)
+    except RecipeError as e:
+        where = str(e.details.get("field", "recipe"))
+        problem = e.message.removeprefix(f"{where}: ")
+        if where in fields:
+            raise RecipeError.for_field(fields[where], problem) from None
+        if where == "output.name" and "name" in recipe["output"]:
+            raise RecipeError.for_field("name", problem) from None
+        if where.startswith("output.") or where == "credential":
+            raise
+        raise RecipeError.for_field(
+            "merge_method", f"the translated recipe's {where}: {problem}"
+        ) from None
+
+
+def _tokenizer(
+    data: dict[str, Any], config: MergekitConfig, recipe: Recipe, is_local: IsLocal
+) -> tuple[str, int] | None:
+    """mergekit's tokenizer_source (or tokenizer.source): the field and the recipe input whose
+    tokenizer it names. Layerswap copies its first model's tokenizer and never rebuilds a
+    vocabulary, so the named one must be an input whose tokenizer is the same (checked with
+    the files: MergekitOrigin.apply)."""
+    where, wanted = _tokenizer_setting(data)
+    if where is None:
+        return None
+    if wanted == "union":
+        raise RecipeError.for_field(
+            where, "'union' (a vocabulary built from every model's) is not supported: Layerswap "
+            "copies one model's tokenizer"
+        )  # fmt: skip
+    if wanted == "base":
+        if config.base is None:
+            raise RecipeError.for_field(where, "'base' needs a base_model")
+        source = config.base.source
+    else:
+        source = model_source(wanted, where, is_local)
+    found = [i for i, n in enumerate(named_sources(recipe)) if n.source == source]
+    if not found:
+        raise RecipeError.for_field(where, f"{source} is not one of the merged models")
+    return where, found[0]
+
+
+def _tokenizer_setting(data: dict[str, Any]) -> tuple[str | None, Any]:
+    named = data.get("tokenizer_source")
+    if data.get("tokenizer") is None:
+        return ("tokenizer_source", named) if named is not None else (None, None)
+    if named is not None:
+        raise RecipeError.for_field("tokenizer", "give tokenizer_source or tokenizer, not both")
+    block = mapping(data["tokenizer"], "tokenizer")
+    if unknown := set(block) - {"source", "tokens", "pad_to_multiple_of"}:
+        raise RecipeError.for_field(f"tokenizer.{sorted(unknown)[0]}", "unknown field")
+    for key in ("tokens", "pad_to_multiple_of"):
+        if block.get(key) is not None:
+            raise RecipeError.for_field(f"tokenizer.{key}", "not supported: Layerswap does "
+                                        "not edit the vocabulary")  # fmt: skip
+    return "tokenizer.source", block.get("source", "union")

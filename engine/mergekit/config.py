@@ -1,0 +1,284 @@
+"""A mergekit 0.1.5 config read into what a method translator needs: its inputs, base, the
+places its parameters are set, and the output options. Every field it cannot honour is refused
+here or by the method, by its mergekit name (`models.1.parameters.density`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import RecipeError, quoted
+from engine.mergekit.settings import Condition, Convert, Place, chain
+from engine.recipe import HUB_REPO_PATTERN
+
+# Fields of mergekit's MergeConfiguration; `name` is no field of mergekit's (it ignores it),
+# but configs on model cards carry it and it names the output here.
+TOP_LEVEL = frozenset(
+    {"merge_method", "models", "slices", "modules", "base_model", "parameters", "dtype",
+     "out_dtype", "tokenizer_source", "tokenizer", "chat_template", "name"}
+)  # fmt: skip
+# mergekit's dtype names (common.dtype_from_name); float64 and int64 it knows too, but
+# Layerswap computes in float32 and writes only these.
+DTYPES = ("bfloat16", "float16", "float32")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+IsLocal = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Input:
+    """One model a config merges, as written at `field`."""
+
+    field: str  # models.1 or slices.0.sources.1
+    source: str  # a Layerswap source: a local path, or hf://org/name[@revision]
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Slice:
+    field: str  # slices.2
+    inputs: list[Input]
+    layer_range: tuple[int, int]
+    parameters: dict[str, Any]
+    base: Input | None  # the slice's own base_model
+
+
+@dataclass
+class MergekitConfig:
+    method: str
+    inputs: list[Input]  # models, or the one slice's sources; [] for a passthrough's slices
+    slices: list[Slice] | None  # as written, when the config has `slices`
+    base: Input | None  # base_model; its parameters are those it is listed with, if it is
+    shared: list[Place] = field(default_factory=list)  # parameter blocks, most specific first
+    warnings: list[str] = field(default_factory=list)
+    depth: tuple[str, int] | None = None  # (field, layers) a whole-model slice spans
+    base_field: str = "base_model"  # where the base was named
+
+    def shared_chain(self, name: str, convert: Convert, default: Any = None) -> list[Condition]:
+        """A parameter that takes one value for all the models (its per-model ones ignored)."""
+        return chain(self._places(name, None), convert, default)
+
+    def model_chain(
+        self, model: Input, name: str, convert: Convert, default: Any = None
+    ) -> list[Condition]:
+        """A parameter set per model: the model's own, then its slice's, then the config's."""
+        return chain(self._places(name, model), convert, default)
+
+    def _places(self, name: str, model: Input | None) -> list[Place]:
+        own = [] if model is None else [(f"{model.field}.parameters", model.parameters)]
+        return [Place(f"{where}.{name}", block[name]) for where, block in own + self.shared_blocks
+                if name in block]  # fmt: skip
+
+    @property
+    def shared_blocks(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(p.field, p.raw) for p in self.shared]
+
+    def is_base(self, model: Input) -> bool:
+        return self.base is not None and model.source == self.base.source
+
+
+def read(data: Any, is_local: IsLocal) -> MergekitConfig:
+    """The config's structure, every model reference turned into a Layerswap source."""
+    data = mapping(data, "config")
+    method = data.get("merge_method")
+    if not isinstance(method, str) or not method:
+        raise RecipeError.for_field("merge_method", "required: the name of a mergekit method")
+    if data.get("modules") is not None:
+        raise RecipeError.for_field("modules", "multi-module configs are not supported")
+    if bool(data.get("models")) == bool(data.get("slices")):
+        raise RecipeError.for_field("models", "give exactly one of models and slices")
+    base = None
+    if data.get("base_model") is not None:
+        base = Input("base_model", model_source(data["base_model"], "base_model", is_local), {})
+    shared = [Place("parameters", parameters_of(data.get("parameters"), "parameters"))]
+    ignored = [f"{key}: not a field of mergekit's config; ignored, as mergekit does"
+               for key in data if key not in TOP_LEVEL]  # fmt: skip
+    config = MergekitConfig(method, [], None, base, shared, ignored)
+    if data.get("models"):
+        entries = items(data["models"], "models")
+        config.inputs = _distinct(
+            [_input(m, f"models.{i}", is_local) for i, m in enumerate(entries)]
+        )
+    else:
+        config.slices = [_slice(s, f"slices.{i}", is_local, config.warnings)
+                         for i, s in enumerate(items(data["slices"], "slices"))]  # fmt: skip
+    if base is not None:  # listed among the models: its parameters are those given there
+        config.base = next((m for m in config.inputs if m.source == base.source), base)
+    return config
+
+
+def _input(entry: Any, field: str, is_local: IsLocal, *, slice_source: bool = False) -> Input:
+    entry = mapping(entry, field)
+    allowed = {"model", "parameters"} | ({"layer_range"} if slice_source else set())
+    if unknown := set(entry) - allowed:
+        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    if "model" not in entry:
+        raise RecipeError.for_field(f"{field}.model", "required")
+    source = model_source(entry["model"], f"{field}.model", is_local)
+    return Input(field, source, parameters_of(entry.get("parameters"), f"{field}.parameters"))
+
+
+def _slice(entry: Any, field: str, is_local: IsLocal, warnings: list[str]) -> Slice:
+    entry = mapping(entry, field)
+    if unknown := set(entry) - {"sources", "base_model", "residual_weight", "parameters"}:
+        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    if entry.get("residual_weight") is not None:
+        warnings.append(f"{field}.residual_weight: mergekit 0.1.5 never uses it; ignored")
+    base = None
+    if entry.get("base_model") is not None:
+        where = f"{field}.base_model"
+        base = Input(where, model_source(entry["base_model"], where, is_local), {})
+    sources = items(entry.get("sources"), f"{field}.sources")
+    inputs = _distinct([_input(s, f"{field}.sources.{i}", is_local, slice_source=True)
+                        for i, s in enumerate(sources)])  # fmt: skip
+    ranges = [layer_range(s.get("layer_range"), f"{field}.sources.{i}.layer_range")
+              for i, s in enumerate(sources)]  # fmt: skip
+    for i, found in enumerate(ranges):
+        if found[1] - found[0] != ranges[0][1] - ranges[0][0]:
+            raise RecipeError.for_field(
+                f"{field}.sources.{i}.layer_range",
+                f"spans {found[1] - found[0]} layers, the slice's first source "
+                f"{ranges[0][1] - ranges[0][0]}: a slice's sources take as many layers each",
+            )
+        if found != ranges[0]:
+            raise RecipeError.for_field(
+                f"{field}.sources.{i}.layer_range",
+                "differs from the first source's: Layerswap merges the same layers of each model",
+            )
+    block = parameters_of(entry.get("parameters"), f"{field}.parameters")
+    return Slice(field, inputs, ranges[0], block, base)
+
+
+def whole_models(config: MergekitConfig) -> MergekitConfig:
+    """A non-passthrough config written with `slices`: Layerswap merges whole models, so it
+    must be one slice whose sources all span [0, L) of their L layers (L is checked against
+    the checkpoints when the plan is made: MergekitOrigin.apply)."""
+    assert config.slices is not None
+    if len(config.slices) != 1:
+        raise RecipeError.for_field(
+            "slices.1",
+            f"mergekit's {config.method} over several slices is not supported: Layerswap "
+            "merges whole models (one slice spanning every layer, or models)",
+        )
+    (only,) = config.slices
+    if only.layer_range[0] != 0:
+        raise RecipeError.for_field(
+            f"{only.field}.sources.0.layer_range",
+            "must start at layer 0: Layerswap merges whole models, every layer",
+        )
+    config.inputs = only.inputs
+    config.shared.insert(0, Place(f"{only.field}.parameters", only.parameters))
+    config.depth = (f"{only.field}.sources.0.layer_range", only.layer_range[1])
+    if only.base is not None:  # mergekit: a slice's own base comes first
+        config.base, config.base_field = only.base, only.base.field
+    if config.base is not None:
+        config.base = next(
+            (m for m in config.inputs if m.source == config.base.source), config.base
+        )
+    return config
+
+
+def _distinct(inputs: list[Input]) -> list[Input]:
+    seen: dict[str, str] = {}
+    for model in inputs:
+        if model.source in seen:
+            raise RecipeError.for_field(
+                f"{model.field}.model",
+                f"{model.source} is listed twice (also {seen[model.source]})",
+            )
+        seen[model.source] = model.field
+    return inputs
+
+
+def model_source(ref: Any, field: str, is_local: IsLocal) -> str:
+    """A mergekit model reference (`org/name`, `org/name@revision`, a path, or its mapping
+    form) as a Layerswap source: hf://org/name[@revision], or the path as written."""
+    if isinstance(ref, dict):
+        return _mapping_source(ref, field, is_local)
+    if not isinstance(ref, str) or not ref:
+        raise RecipeError.for_field(field, f"must name a model (got {quoted(ref)})")
+    if "+" in ref:
+        raise RecipeError.for_field(
+            field,
+            f"{ref}: mergekit's model+lora form (a LoRA merged into its model first) is not "
+            "supported; merge the adapter into the model and name the result",
+        )
+    if ref.count("@") > 1:
+        raise RecipeError.for_field(field, f"{ref}: more than one @")
+    path, _, revision = ref.partition("@")
+    return _source(path, revision or None, field, is_local)
+
+
+def _mapping_source(ref: dict[str, Any], field: str, is_local: IsLocal) -> str:
+    for key in ("lora", "override_architecture"):
+        if ref.get(key) is not None:
+            raise RecipeError.for_field(f"{field}.{key}", "not supported by Layerswap")
+    if unknown := set(ref) - {"model", "lora", "override_architecture"}:
+        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    model = ref.get("model")
+    if isinstance(model, str):
+        return model_source(model, f"{field}.model", is_local)
+    if not isinstance(model, dict) or not isinstance(model.get("path"), str):
+        raise RecipeError.for_field(f"{field}.model", "must be a path or {path, revision}")
+    if unknown := set(model) - {"path", "revision"}:
+        raise RecipeError.for_field(f"{field}.model.{sorted(unknown)[0]}", "unknown field")
+    return _source(model["path"], model.get("revision"), f"{field}.model", is_local)
+
+
+def _source(path: str, revision: str | None, field: str, is_local: IsLocal) -> str:
+    if "@" in path:
+        raise RecipeError.for_field(field, f"{path}: more than one @")
+    if path.startswith("hf://"):  # already Layerswap's form
+        return path if revision is None else f"{path}@{revision}"
+    if is_local(path):
+        if revision is not None:
+            raise RecipeError.for_field(field, f"{path} is a local directory: it has no @revision")
+        return path
+    if not re.match(HUB_REPO_PATTERN, path):
+        raise RecipeError.for_field(
+            field, f"{path} is neither a local directory nor a Hub repository org/name"
+        )
+    if revision is not None and not _REVISION.match(revision):
+        raise RecipeError.for_field(field, f"{quoted(revision)} is not a revision")
+    return f"hf://{path}" + (f"@{revision}" if revision else "")
+
+
+def parameters_of(block: Any, field: str) -> dict[str, Any]:
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise RecipeError.for_field(field, "must be a mapping of parameter names to values")
+    return block
+
+
+def mapping(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecipeError.for_field(field, f"must be a mapping (got {quoted(value)})")
+    return value
+
+
+def items(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise RecipeError.for_field(field, "must be a non-empty list")
+    return value
+
+
+def layer_range(value: Any, field: str) -> tuple[int, int]:
+    ok = isinstance(value, list | tuple) and len(value) == 2
+    if not ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise RecipeError.for_field(field, f"must be [start, end] (got {quoted(value)})")
+    start, end = value
+    if not 0 <= start < end:
+        raise RecipeError.for_field(field, "must be [start, end) with 0 <= start < end")
+    return start, end
+
+
+def dtype_name(value: Any, field: str) -> str:
+    name = value.removeprefix("torch.") if isinstance(value, str) else value
+    if name not in DTYPES:
+        raise RecipeError.for_field(
+            field,
+            f"{quoted(value)}: Layerswap computes in float32 and writes {', '.join(DTYPES)}",
+        )
+    return str(name)

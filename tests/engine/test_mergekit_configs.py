@@ -1,0 +1,239 @@
+"""Real mergekit YAML configs run by `layerswap merge` (a subprocess, as a user runs it) and by
+mergekit 0.1.5 (.venv-bench): every output tensor equal, bit for bit. Also what only the
+checkpoints can tell: a slice's depth, a tokenizer_source's files, the dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Family
+from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.engine.test_output import assert_forward_pass
+from tests.reference import load
+from tests.test_cli import LAYERSWAP, layerswap
+
+FILTERED_T = [
+    {"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
+    {"filter": "mlp", "value": [1, 0.5, 0.7, 0.3, 0]},
+    {"value": 0.5},
+]
+
+
+def configs(llama: Family, llama32: Family) -> dict[str, dict[str, Any]]:
+    """One config per method, as a model card would hold it: bf16 checkpoints where the
+    arithmetic's rounding to bf16 is the same on both sides, float32 where mergekit computes
+    in the checkpoints' dtype (TIES, task arithmetic) or breaks |δ| ties by its sort order."""
+    m, m32 = (lambda x: str(getattr(llama, x))), (lambda x: str(getattr(llama32, x)))
+    return {
+        "linear": {
+            "merge_method": "linear",
+            "models": [
+                {"model": m("task"), "parameters": {"weight": [1, 0, 2]}},
+                {"model": m("language"), "parameters": {"weight": 0.5}},
+                {"model": m("task2"), "parameters": {"weight": [{"filter": "mlp", "value": 0.2}]}},
+            ],
+            "parameters": {"weight": 0.7, "normalize": True},
+            "dtype": "bfloat16",
+        },
+        "slerp": {
+            "slices": [
+                {
+                    "sources": [
+                        {"model": m32("task"), "layer_range": [0, 6]},
+                        {"model": m32("language"), "layer_range": [0, 6]},
+                    ]
+                }
+            ],
+            "merge_method": "slerp",
+            "base_model": m32("task"),
+            "parameters": {"t": FILTERED_T},
+            "dtype": "float32",
+        },
+        "ties": {
+            "models": [
+                {"model": m32("base")},
+                {"model": m32("task"), "parameters": {"density": 0.5, "weight": 0.7}},
+                {"model": m32("language"), "parameters": {"density": 0.5, "weight": 0.3}},
+            ],
+            "merge_method": "ties",
+            "base_model": m32("base"),
+            "parameters": {"normalize": True, "lambda": 1.2},
+            "tokenizer_source": "base",
+            "dtype": "float32",
+        },
+        "task_arithmetic": {
+            "models": [
+                {"model": m32("task"), "parameters": {"weight": 0.7}},
+                {"model": m32("language"), "parameters": {"weight": -0.3}},
+                {"model": m32("task2"), "parameters": {"weight": 0.45}},
+            ],
+            "merge_method": "task_arithmetic",
+            "base_model": m32("base"),
+            "parameters": {"lambda": 1.3, "normalize": True},
+            "dtype": "float32",
+        },
+        "passthrough": {
+            "slices": [
+                {"sources": [{"model": m("task"), "layer_range": [0, 4]}]},
+                {"sources": [{"model": m("language"), "layer_range": [2, 6]}]},
+            ],
+            "merge_method": "passthrough",
+            "dtype": "bfloat16",
+        },
+    }
+
+
+def merge_config(config: dict[str, Any], tmp_path: Path, *args: str) -> Any:
+    config_file = tmp_path / "config.yml"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    return layerswap("merge", config_file, "--out", tmp_path / "ours", "-q", *args, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("method", ["linear", "slerp", "ties", "task_arithmetic", "passthrough"])
+def test_a_mergekit_config_merges_as_mergekit_does(
+    method: str, llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    config = configs(llama, llama32)[method]
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    ours, theirs = tmp_path / "ours", run_mergekit(config, tmp_path / "mergekit")
+    mine, reference = load(ours), load(theirs)
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    manifest = json.loads((ours / "layerswap.json").read_text())
+    assert manifest["mergekit_config"] == config
+    assert manifest["recipe"]["method"] == method
+    if method == "linear":  # dtype bfloat16: mergekit's arithmetic would be narrower
+        assert any(w.startswith("dtype bfloat16: mergekit would compute") for w in
+                   manifest["warnings"])  # fmt: skip
+        assert "warning: dtype bfloat16" in done.stderr
+    if method == "passthrough":
+        for out in (ours, theirs):
+            assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 8
+    assert "Translated from this mergekit config" in (ours / "README.md").read_text()
+    assert_forward_pass(ours)
+
+
+def test_a_sparsifying_config_merges_as_its_recipe_does(
+    llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """mergekit's della, translated: the same bytes as the Layerswap recipe it says it is
+    (mergekit's own drops are random; test_mergekit_parity.py compares them in distribution),
+    the translation's warning in the manifest."""
+    m = lambda x: str(getattr(llama, x))  # noqa: E731
+    config = {
+        "merge_method": "della",
+        "base_model": m("base"),
+        "models": [
+            {"model": m("task"), "parameters": {"weight": 1.0, "density": [0.3, 0.7]}},
+            {"model": m("language"), "parameters": {"weight": 0.6, "epsilon": 0.2}},
+        ],
+        "parameters": {"density": 0.5, "lambda": 1.1},
+        "dtype": "bfloat16",
+    }
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    recipe = {"method": "della", "base": llama.base, "models": [llama.task, llama.language],
+              "params": {"weights": [1.0, 0.6], "density": [[0.3, 0.7], 0.5],
+                         "epsilon": [0.15, 0.2], "lambda": 1.1}}  # fmt: skip
+    direct = run_merge(recipe)
+    weights = "model.safetensors"
+    assert (tmp_path / "ours" / weights).read_bytes() == (direct.out_dir / weights).read_bytes()
+    manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
+    assert manifest["recipe"]["params"]["seed"] == 0
+    assert any("drops are random" in w for w in manifest["warnings"])
+
+
+def test_dry_run_shows_the_translated_recipe(
+    llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    done = merge_config(configs(llama, llama32)["slerp"], tmp_path, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    header, _, table = done.stdout.partition("\nlayer ")
+    shown = yaml.safe_load(header)
+    assert shown["method"] == "slerp"
+    assert shown["models"] == [str(llama32.task), str(llama32.language)]
+    assert shown["params"]["t"][0] == {"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]}
+    assert table.splitlines()[1].startswith("0 ")  # the plan's per-layer table follows
+    assert not (tmp_path / "ours").exists()
+
+
+def test_a_slice_short_of_the_models_layers_is_refused(
+    llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    config = configs(llama, llama32)["slerp"]
+    for source in config["slices"][0]["sources"]:
+        source["layer_range"] = [0, 4]  # mergekit: a 4-layer model; Layerswap merges all 6
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "layerswap: error [invalid_recipe]: slices.0.sources.0.layer_range: [0, 4) must span "
+        "every layer of the models, which have 6 layers"
+    )
+    assert not (tmp_path / "ours").exists()
+
+
+def test_tokenizer_source_of_another_vocabulary_is_refused(
+    llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    other = tmp_path / "other-vocabulary"
+    shutil.copytree(llama32.base, other)
+    vocabulary = json.loads((other / "tokenizer.json").read_text())
+    vocabulary["added_tokens"] = [*vocabulary.get("added_tokens", []), {
+        "id": 250, "content": "<extra>", "single_word": False, "lstrip": False,
+        "rstrip": False, "normalized": False, "special": True,
+    }]  # fmt: skip
+    (other / "tokenizer.json").write_text(json.dumps(vocabulary))
+    config = configs(llama, llama32)["ties"]
+    config["base_model"] = config["models"][0]["model"] = str(other)
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert "error [invalid_recipe]: tokenizer_source: tokenizer.json of " in done.stderr
+    assert "rebuilding the vocabulary from another model's tokenizer is not supported" in (
+        done.stderr
+    )
+
+
+def test_a_refusal_is_one_line_naming_the_mergekit_field(
+    llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    config = configs(llama, llama32)["ties"]
+    config["models"][2]["parameters"]["density"] = 0.7
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "layerswap: error [invalid_recipe]: models.2.parameters.density: per-model densities "
+        "differ; Layerswap's ties takes one density\n"
+    )
+
+
+def test_the_docs_example_runs_as_written_and_equals_mergekit(tmp_path: Path) -> None:
+    """docs/concepts/mergekit.md's command-line block, run verbatim in a fresh directory."""
+    page = (Path(__file__).parents[2] / "docs" / "concepts" / "mergekit.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)\n```", page, re.DOTALL)
+                 if "layerswap merge" in b)  # fmt: skip
+    env = {**os.environ, "PATH": f"{LAYERSWAP.parent}:{os.environ['PATH']}",
+           "LAYERSWAP_CACHE_DIR": str(tmp_path / ".cache")}  # fmt: skip
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "method: slerp" in done.stdout  # the dry run showed the translated recipe
+    examples = tmp_path / "examples"
+    config = yaml.safe_load((examples / "mergekit-slerp.yml").read_text())
+    config["base_model"] = str(examples / config["base_model"])
+    for source in config["slices"][0]["sources"]:
+        source["model"] = str(examples / source["model"])
+    ours, theirs = load(examples / "slerped"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(ours) == set(theirs)
+    assert max(ulp_distance(ours[n], theirs[n]) for n in ours) == 0
+    assert_forward_pass(examples / "slerped")

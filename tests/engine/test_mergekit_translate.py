@@ -1,0 +1,575 @@
+"""mergekit 0.1.5 configs translated into Layerswap recipes: every method and field, the
+parameters' precedence (a model's own, its slice's, the config's, the default), and each
+refusal named by the mergekit field. Pure: no checkpoints (test_mergekit_configs.py runs them)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from engine.errors import RecipeError
+from engine.gradients import position, resolve
+from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
+from engine.recipe import recipe_to_dict
+
+
+def local(path: str) -> bool:
+    return path.startswith(("./", "/"))
+
+
+def recipe(config: dict[str, Any], **options: Any) -> dict[str, Any]:
+    return recipe_to_dict(translate(config, is_local=local, **options).recipe)
+
+
+def warnings(config: dict[str, Any]) -> tuple[str, ...]:
+    return translate(config, is_local=local).origin.warnings
+
+
+def refused(config: dict[str, Any], field: str, words: str = "", **options: Any) -> str:
+    with pytest.raises(RecipeError) as caught:
+        translate(config, is_local=local, **options)
+    assert caught.value.details["field"] == field, caught.value.message
+    assert caught.value.message.startswith(f"{field}: ")
+    assert words in caught.value.message
+    return caught.value.message
+
+
+def models(*entries: tuple[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
+    return [{"model": m, **({"parameters": p} if p is not None else {})} for m, p in entries]
+
+
+# -- mergekit's precedence, written out independently of the translator ----------------------
+def mergekit_value(places: list[Any], name: str, at: float, default: Any = None) -> Any:
+    """mergekit's resolve_parameter: the first place whose setting gives a value wins; a
+    setting of conditions gives none when no filter is part of the name."""
+    for setting in places:
+        if setting is None:
+            continue
+        if isinstance(setting, dict):
+            setting = [setting]
+        if not isinstance(setting, list):
+            return float(setting)
+        if setting and all(not isinstance(s, dict) for s in setting):
+            return gradient(setting, at)
+        for condition in setting:
+            f = condition.get("filter")
+            if f in (None, "*") or f in name:
+                value = condition["value"]
+                return gradient(value, at) if isinstance(value, list) else float(value)
+    return default
+
+
+def gradient(anchors: list[float], at: float) -> float:
+    scaled = at * (len(anchors) - 1)
+    low = int(scaled)
+    high = min(len(anchors) - 1, low + 1)
+    return (1 - (scaled - low)) * anchors[low] + (scaled - low) * anchors[high]
+
+
+NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.{}.self_attn.q_proj.weight",
+    "model.layers.{}.mlp.down_proj.weight",
+    "model.layers.{}.input_layernorm.weight",
+    "lm_head.weight",
+]
+LAYERS = 6
+
+
+def tensors() -> list[tuple[str, int | None]]:
+    found: list[tuple[str, int | None]] = []
+    for name in NAMES:
+        if "{}" in name:
+            found += [(name.format(i), i) for i in range(LAYERS)]
+        else:
+            found.append((name, None))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("own", "shared"),
+    [
+        ([{"filter": "self_attn", "value": [0.2, 0.9]}], 0.5),
+        ([{"filter": "mlp", "value": 2}], [1, 0, 3]),
+        ([], [{"filter": "q_proj", "value": 0.1}, {"value": [1, 2]}]),
+        ([0.25, 0.5, 1.0], 7),
+        ({"filter": "norm", "value": "1e-1"}, [{"filter": "*", "value": 4}]),
+    ],
+    ids=["filters-then-scalar", "filters-then-gradient", "shared-filters", "gradient", "one-cond"],
+)
+def test_a_models_weight_resolves_as_mergekit_resolves_it(own: Any, shared: Any) -> None:
+    config = {
+        "merge_method": "linear",
+        "models": models(("./a", {"weight": own} if own != [] else {}), ("./b", {"weight": 1})),
+        "parameters": {"weight": shared},
+    }
+    parsed = translate(config, is_local=local).recipe
+    setting = parsed.params.weights[0]  # type: ignore[union-attr]
+    expected_own = own if own != [] else None
+    for name, layer in tensors():
+        at = position(layer, LAYERS)
+        expected = mergekit_value([expected_own, shared], name, at)
+        assert resolve(setting, name=name, at=at) == pytest.approx(expected, abs=0), name
+
+
+def test_slice_parameters_come_between_the_models_and_the_configs() -> None:
+    config = {
+        "merge_method": "slerp",
+        "base_model": "./a",
+        "slices": [{
+            "sources": [{"model": "./a", "layer_range": [0, 6]},
+                        {"model": "./b", "layer_range": [0, 6]}],
+            "parameters": {"t": [{"filter": "mlp", "value": [0, 1]}]},
+        }],
+        "parameters": {"t": 0.3},
+    }  # fmt: skip
+    t = recipe(config)["params"]["t"]
+    assert t == [{"filter": "mlp", "value": [0.0, 1.0]}, {"filter": None, "value": 0.3}]
+
+
+def test_a_default_closes_filters_that_may_miss() -> None:
+    config = {
+        "merge_method": "linear",
+        "models": models(("./a", {"weight": 1}), ("./b", {"weight": 1})),
+        "parameters": {"normalize": [{"filter": "mlp", "value": True}]},  # default: true
+    }
+    assert recipe(config)["params"]["normalize"] is True
+    config["parameters"] = {"normalize": [{"filter": "mlp", "value": False}]}
+    refused(config, "parameters.normalize.0", "varies by layer or tensor")
+
+
+# -- linear ----------------------------------------------------------------------------------
+def test_linear() -> None:
+    config = {
+        "merge_method": "linear",
+        "models": models(("org/a", {"weight": 0.3}), ("./b", {"weight": [1, 0, 2]})),
+        "parameters": {"normalize": False},
+    }
+    assert recipe(config) | {"output": None} == {
+        "method": "linear", "base": None, "models": ["hf://org/a", "./b"],
+        "params": {"weights": [0.3, [1.0, 0.0, 2.0]], "normalize": False},
+        "output": None, "credential": None, "tokenizer_source": None,
+    }  # fmt: skip
+
+
+def test_linear_merges_a_base_given_beside_its_models_last() -> None:
+    config = {
+        "merge_method": "linear",
+        "base_model": "./base",
+        "models": models(("./a", {"weight": 2})),
+        "parameters": {"weight": 0.5},
+    }
+    made = recipe(config)
+    assert made["models"] == ["./a", "./base"]
+    assert made["params"]["weights"] == [2.0, 0.5]
+
+
+def test_linear_refusals() -> None:
+    refused({"merge_method": "linear", "models": models(("./a", {"weight": 1}))}, "models")
+    refused(
+        {"merge_method": "linear", "models": models(("./a", {"weight": 1}), ("./b", None))},
+        "models.1.parameters.weight",
+        "required",
+    )
+
+
+# -- slerp -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("listed", "base", "expected"),
+    [(["./a", "./b"], "./a", ["./a", "./b"]), (["./a", "./b"], "./b", ["./b", "./a"]),
+     (["./b"], "./a", ["./a", "./b"])],
+    ids=["base-first", "base-second", "base-beside"],
+)  # fmt: skip
+def test_slerp_puts_its_base_first(listed: list[str], base: str, expected: list[str]) -> None:
+    config = {
+        "merge_method": "slerp",
+        "base_model": base,
+        "models": [{"model": m} for m in listed],
+        "parameters": {"t": [0, 0.5, 1]},
+    }
+    assert recipe(config)["models"] == expected
+    assert recipe(config)["params"]["t"] == [0.0, 0.5, 1.0]
+
+
+def test_slerp_over_one_whole_slice_records_its_depth() -> None:
+    config = {
+        "merge_method": "slerp",
+        "base_model": "./a",
+        "slices": [{"sources": [{"model": "./a", "layer_range": [0, 32]},
+                                {"model": "./b", "layer_range": [0, 32]}]}],
+        "parameters": {"t": 0.5},
+    }  # fmt: skip
+    translated = translate(config, is_local=local)
+    assert recipe_to_dict(translated.recipe)["models"] == ["./a", "./b"]
+    assert translated.origin.depth == ("slices.0.sources.0.layer_range", 32)
+    assert translated.origin.source_fields == {
+        "models.0": "slices.0.sources.0.model",
+        "models.1": "slices.0.sources.1.model",
+    }
+
+
+def test_slerp_refusals() -> None:
+    two = [{"model": "./a"}, {"model": "./b"}]
+    refused({"merge_method": "slerp", "models": two, "parameters": {"t": 0.5}}, "base_model")
+    refused({"merge_method": "slerp", "models": two, "base_model": "./a"}, "parameters.t")
+    three = {"merge_method": "slerp", "models": [*two, {"model": "./c"}], "base_model": "./a",
+             "parameters": {"t": 0.5}}  # fmt: skip
+    refused(three, "models", "one other model")
+
+
+def test_slerp_per_model_t_is_ignored_as_mergekit_ignores_it() -> None:
+    config = {
+        "merge_method": "slerp",
+        "base_model": "./a",
+        "models": models(("./a", None), ("./b", {"t": 0.9})),
+        "parameters": {"t": 0.2},
+    }
+    assert recipe(config)["params"]["t"] == 0.2
+    assert warnings(config) == (
+        "models.1.parameters.t: slerp takes one t for all the models, not one per model; "
+        "ignored, as mergekit does",
+    )
+
+
+# -- several slices ---------------------------------------------------------------------------
+def test_only_passthrough_takes_several_slices_or_parts_of_models() -> None:
+    def sliced(*ranges: list[list[int]]) -> dict[str, Any]:
+        return {
+            "merge_method": "slerp",
+            "base_model": "./a",
+            "slices": [{"sources": [{"model": "./a", "layer_range": a},
+                                    {"model": "./b", "layer_range": b}]} for a, b in ranges],
+            "parameters": {"t": 0.5},
+        }  # fmt: skip
+
+    refused(sliced([[0, 3], [0, 3]], [[3, 6], [3, 6]]), "slices.1", "several slices")
+    refused(sliced([[2, 6], [2, 6]]), "slices.0.sources.0.layer_range", "layer 0")
+    refused(sliced([[0, 6], [1, 7]]), "slices.0.sources.1.layer_range", "same layers")
+    refused(sliced([[0, 6], [0, 5]]), "slices.0.sources.1.layer_range", "as many layers")
+
+
+# -- task arithmetic -------------------------------------------------------------------------
+def test_task_arithmetic() -> None:
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": "org/base@v1",
+        "models": models(
+            ("org/base@v1", None), ("./a", {"weight": 0.7}), ("./b", {"weight": -0.2})
+        ),
+        "parameters": {"lambda": "0.9", "normalize": True, "density": 0.5},
+    }
+    made = recipe(config)
+    assert (made["base"], made["models"]) == ("hf://org/base@v1", ["./a", "./b"])
+    assert made["params"] == {"weights": [0.7, -0.2], "lambda": 0.9, "normalize": True}
+    assert warnings(config) == (
+        "parameters.density: mergekit's task_arithmetic does not sparsify, so ignores it; ignored",
+    )
+
+
+def test_task_arithmetic_refusals() -> None:
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": "./base",
+        "models": models(("./a", {"weight": [0.5, 1]})),
+    }
+    refused(config, "models.0.parameters.weight", "takes one weight per model")
+    refused({**config, "base_model": None}, "base_model", "required")
+    refused({**config, "models": models(("./base", None))}, "models", "besides the base")
+
+
+# -- TIES ------------------------------------------------------------------------------------
+def ties_config(**parameters: Any) -> dict[str, Any]:
+    return {
+        "merge_method": "ties",
+        "base_model": "./base",
+        "models": models(("./base", None), ("./a", {"weight": 0.7, "density": 0.5}),
+                         ("./b", {"weight": 0.3, "density": 0.5})),
+        "parameters": parameters,
+    }  # fmt: skip
+
+
+def test_ties() -> None:
+    made = recipe(ties_config(normalize=False, **{"lambda": 1.2}))
+    assert (made["base"], made["models"]) == ("./base", ["./a", "./b"])
+    assert made["params"] == {"weights": [0.7, 0.3], "density": 0.5, "lambda": 1.2,
+                              "normalize": False}  # fmt: skip
+    assert any("⌈density·n⌉" in w for w in warnings(ties_config()))
+
+
+def test_ties_density_defaults_to_mergekits_one_and_is_capped_there() -> None:
+    config = ties_config()
+    for entry in config["models"][1:]:
+        del entry["parameters"]["density"]
+    assert recipe(config)["params"]["density"] == 1.0
+    assert recipe({**config, "parameters": {"density": 1.5}})["params"]["density"] == 1.0
+    assert not any("density" in w for w in warnings(config))
+
+
+def test_ties_per_model_densities_must_agree() -> None:
+    config = ties_config()
+    config["models"][2]["parameters"]["density"] = 0.6
+    message = refused(config, "models.2.parameters.density")
+    assert message == (
+        "models.2.parameters.density: per-model densities differ; Layerswap's ties takes one "
+        "density"
+    )
+
+
+def test_ties_refusals_and_what_mergekit_ignores() -> None:
+    negative = ties_config()
+    negative["models"][1]["parameters"]["weight"] = -0.5
+    refused(negative, "models.1.parameters.weight", "positive weights")
+    refused(ties_config(rescale=True), "parameters.rescale", "does not rescale")
+    zero = ties_config()
+    zero["models"][1]["parameters"]["density"] = 0
+    refused(zero, "models.1.parameters.density", "above 0")
+    ignored = ties_config(int8_mask=True)
+    ignored["models"][0]["parameters"] = {"weight": 1.0}  # the base's
+    found = warnings(ignored)
+    assert "models.0.parameters.weight: ties takes no weight for its base; ignored, as " \
+        "mergekit does" in found  # fmt: skip
+    assert any(w.startswith("parameters.int8_mask: it changes only") for w in found)
+
+
+# -- passthrough -----------------------------------------------------------------------------
+def frankenmerge(**slice_parameters: Any) -> dict[str, Any]:
+    return {
+        "merge_method": "passthrough",
+        "slices": [
+            {"sources": [{"model": "./a", "layer_range": [0, 4], **slice_parameters}]},
+            {"sources": [{"model": "org/b", "layer_range": [2, 6]}]},
+            {"sources": [{"model": "./a", "layer_range": [4, 6]}]},
+        ],
+    }
+
+
+def test_passthrough() -> None:
+    made = recipe(frankenmerge())
+    assert made["models"] == ["./a", "hf://org/b"]
+    assert made["params"]["slices"] == [
+        {"sources": [{"model": "./a", "layer_range": [0, 4]}]},
+        {"sources": [{"model": "hf://org/b", "layer_range": [2, 6]}]},
+        {"sources": [{"model": "./a", "layer_range": [4, 6]}]},
+    ]
+    assert recipe(frankenmerge(parameters={"scale": 1}))["method"] == "passthrough"
+
+
+def test_passthrough_refusals() -> None:
+    refused(frankenmerge(parameters={"scale": [{"filter": "o_proj", "value": 0}, {"value": 1}]}),
+            "slices.0.sources.0.parameters.scale.1", "varies")  # fmt: skip
+    refused(frankenmerge(parameters={"scale": 0.5}), "slices.0.sources.0.parameters.scale")
+    two = frankenmerge()
+    two["slices"][1]["sources"].append({"model": "./c", "layer_range": [2, 6]})
+    refused(two, "slices.1.sources", "one source per slice")
+    refused({"merge_method": "passthrough", "models": [{"model": "./a"}]}, "models", "slices")
+
+
+# -- the sparsifying methods -----------------------------------------------------------------
+def sparse_config(method: str, **parameters: Any) -> dict[str, Any]:
+    return {
+        "merge_method": method,
+        "base_model": "./base",
+        "models": models(("./a", {"weight": [0.2, 1.0], "density": 0.3}),
+                         ("./b", {"weight": 0.5})),
+        "parameters": parameters,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "switches", "amounts"),
+    [
+        ("dare_ties", {"normalize": False, "rescale": True}, {}),
+        ("dare_linear", {"normalize": False, "rescale": True}, {}),
+        ("breadcrumbs", {"normalize": False, "rescale": False}, {"gamma": [0.01, 0.01]}),
+        ("breadcrumbs_ties", {"normalize": False, "rescale": False}, {"gamma": [0.01, 0.01]}),
+        ("della", {"normalize": True, "rescale": True}, {"epsilon": [0.15, 0.15]}),
+        ("della_linear", {"normalize": False, "rescale": True}, {"epsilon": [0.15, 0.15]}),
+    ],
+)
+def test_sparsifying_methods_take_mergekits_defaults(
+    method: str, switches: dict[str, bool], amounts: dict[str, list[float]]
+) -> None:
+    """Per-model weights and amounts as written (a gradient stays one), mergekit's density of
+    1.0 where a model has none, and the method's own normalize and rescale."""
+    made = recipe(sparse_config(method))
+    assert (made["method"], made["base"], made["models"]) == (method, "./base", ["./a", "./b"])
+    params = made["params"]
+    assert params["weights"] == [[0.2, 1.0], 0.5]
+    assert params["density"] == [0.3, 1.0]
+    assert params["lambda"] == 1.0 and params["int8_mask"] is False
+    assert {k: params[k] for k in switches} == switches
+    assert {k: params[k] for k in amounts} == amounts
+    random = not method.startswith("breadcrumbs")
+    assert any("drops are random" in w for w in warnings(sparse_config(method))) == random
+
+
+def test_sparsifying_parameters_from_every_place() -> None:
+    config = sparse_config("della", normalize=False, rescale=False, epsilon=0.1,
+                           **{"lambda": [1.0, 2.0], "density": 0.6})  # fmt: skip
+    config["models"][1]["parameters"]["epsilon"] = [{"filter": "mlp", "value": 0.2}]
+    params = recipe(config)["params"]
+    assert params["density"] == [0.3, 0.6]  # the model's own, else the config's
+    assert params["epsilon"] == [
+        0.1,
+        [{"filter": "mlp", "value": 0.2}, {"filter": None, "value": 0.1}],
+    ]
+    assert params["lambda"] == [1.0, 2.0]
+    assert (params["normalize"], params["rescale"]) == (False, False)
+
+
+def test_sparsifying_refusals() -> None:
+    zero = sparse_config("dare_ties")
+    zero["models"][1]["parameters"]["density"] = 0
+    refused(zero, "models.1.parameters.density", "above 0")
+    big = sparse_config("breadcrumbs")
+    big["models"][1]["parameters"]["density"] = 3
+    assert recipe(big)["params"]["density"] == [0.3, 1.0]  # mergekit keeps every entry
+    unweighted = sparse_config("della_linear")
+    del unweighted["models"][1]["parameters"]["weight"]
+    refused(unweighted, "models.1.parameters.weight", "required")
+    refused({**sparse_config("dare_linear"), "base_model": None}, "base_model", "required")
+    spread = sparse_config("della", epsilon=0.4)
+    refused(spread, "merge_method", "params.epsilon")  # density 0.3 ± 0.4 leaves (0, 1)
+
+
+# -- methods ---------------------------------------------------------------------------------
+def test_methods_layerswap_lacks_are_refused_by_name() -> None:
+    config = {"merge_method": "model_stock", "models": [{"model": "./a"}]}
+    refused(config, "merge_method", "mergekit's model_stock has no Layerswap counterpart yet")
+    refused({**config, "merge_method": "magic"}, "merge_method", "not a mergekit 0.1.5 method")
+    refused({"models": [{"model": "./a"}]}, "merge_method", "required")
+
+
+# -- model references ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("written", "source"),
+    [("org/name", "hf://org/name"), ("org/name@v1.0", "hf://org/name@v1.0"),
+     ("./local/dir", "./local/dir"), ("/abs/dir", "/abs/dir"),
+     ({"model": {"path": "org/name", "revision": "main"}}, "hf://org/name@main"),
+     ({"model": "org/name"}, "hf://org/name"), ("hf://org/name@abc", "hf://org/name@abc")],
+)  # fmt: skip
+def test_model_references(written: Any, source: str) -> None:
+    config = {"merge_method": "linear", "models": models((written, {"weight": 1}),
+                                                         ("./b", {"weight": 1}))}  # fmt: skip
+    assert recipe(config)["models"][0] == source
+
+
+@pytest.mark.parametrize(
+    ("written", "field", "words"),
+    [("org/name+org/lora", "models.0.model", "model+lora"),
+     ({"model": "org/name", "lora": "org/lora"}, "models.0.model.lora", "not supported"),
+     ("not a repo", "models.0.model", "neither a local directory nor a Hub repository"),
+     ("org/name@a@b", "models.0.model", "more than one @"),
+     ("./dir@v1", "models.0.model", "has no @revision"), (None, "models.0.model", "name a model")],
+)  # fmt: skip
+def test_model_reference_refusals(written: Any, field: str, words: str) -> None:
+    config = {"merge_method": "linear", "models": models((written, {"weight": 1}),
+                                                         ("./b", {"weight": 1}))}  # fmt: skip
+    refused(config, field, words)
+
+
+def test_a_model_listed_twice_is_refused() -> None:
+    config = {"merge_method": "linear",
+              "models": models(("org/a", {"weight": 1}), ("org/a", {"weight": 2}))}  # fmt: skip
+    refused(config, "models.1.model", "listed twice")
+
+
+# -- the other fields ------------------------------------------------------------------------
+def linear_config(**fields: Any) -> dict[str, Any]:
+    return {"merge_method": "linear",
+            "models": models(("./a", {"weight": 1}), ("./b", {"weight": 1})), **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "dtype"),
+    [({}, "source"), ({"dtype": "float32"}, "float32"), ({"dtype": "bfloat16"}, "bfloat16"),
+     ({"dtype": "float32", "out_dtype": "bfloat16"}, "bfloat16"),
+     ({"out_dtype": "torch.float16"}, "float16")],
+)  # fmt: skip
+def test_the_output_dtype_is_out_dtype_else_dtype(fields: dict[str, str], dtype: str) -> None:
+    assert recipe(linear_config(**fields))["output"]["dtype"] == dtype
+
+
+def test_arithmetic_in_a_narrower_dtype_than_float32_is_said() -> None:
+    (said,) = warnings(linear_config(dtype="bfloat16", out_dtype="float32"))
+    assert said.startswith("dtype bfloat16: mergekit would compute in bfloat16; Layerswap ")
+    assert "rounds once to float32" in said
+    assert warnings(linear_config(dtype="float32")) == ()
+
+
+def test_field_refusals() -> None:
+    refused(linear_config(dtype="float64"), "dtype", "computes in float32")
+    refused(linear_config(out_dtype="int8"), "out_dtype")
+    refused(linear_config(chat_template="chatml"), "chat_template", "not supported")
+    refused(linear_config(modules={"text": {}}), "modules")
+    refused(linear_config(tokenizer_source="union"), "tokenizer_source", "'union'")
+    refused(linear_config(tokenizer={"source": "./a", "tokens": {"<x>": {}}}), "tokenizer.tokens")
+    refused(linear_config(tokenizer={}), "tokenizer.source", "'union'")
+    refused(linear_config(tokenizer_source="./c"), "tokenizer_source", "not one of the merged")
+    refused(linear_config(tokenizer_source="base"), "tokenizer_source", "needs a base_model")
+    refused(linear_config(name="has space"), "name")
+    refused({"merge_method": "linear"}, "models", "exactly one of models and slices")
+    refused(linear_config(parameters=[1]), "parameters", "mapping")
+
+
+def test_tokenizer_source_names_an_input_checked_with_the_files() -> None:
+    translated = translate(linear_config(tokenizer_source="./b"), is_local=local)
+    assert translated.origin.tokenizer == ("tokenizer_source", 1)
+    via_base = translate({**ties_config(), "tokenizer": {"source": "base"}}, is_local=local)
+    assert via_base.origin.tokenizer == ("tokenizer.source", 2)  # models, then base
+
+
+def test_name_and_unknown_fields() -> None:
+    assert recipe(linear_config(name="my-merge"))["output"]["name"] == "my-merge"
+    assert warnings(linear_config(merge_notes="x")) == (
+        "merge_notes: not a field of mergekit's config; ignored, as mergekit does",
+    )
+
+
+def test_options_the_config_has_no_word_for() -> None:
+    output = {"hub": {"repo": "org/merged"}, "shard_size": "1GB"}
+    made = recipe(linear_config(out_dtype="bfloat16"), output=output, credential="team")
+    assert made["output"]["hub"]["repo"] == "org/merged"
+    assert (made["output"]["dtype"], made["credential"]) == ("bfloat16", "team")
+    refused(linear_config(), "output.dtype", "out_dtype", output={"dtype": "float16"})
+    refused(linear_config(name="x"), "output.name", output={"name": "y"})
+    refused(linear_config(), "output.shard_size", output={"shard_size": "1B"})
+
+
+def test_is_mergekit_config() -> None:
+    assert is_mergekit_config(linear_config())
+    assert not is_mergekit_config({"method": "linear"})
+    assert not is_mergekit_config(["merge_method"])
+
+
+# -- what travels beside the recipe ----------------------------------------------------------
+def plan(num_layers: int | None) -> Any:
+    return SimpleNamespace(num_layers=num_layers, warnings=["a plan's own"], tokenizer_input=0)
+
+
+def test_the_origin_checks_the_depth_and_adds_its_warnings() -> None:
+    origin = MergekitOrigin({}, ("said",), ("slices.0.sources.0.layer_range", 6))
+    fits = plan(6)
+    origin.apply(fits)
+    assert fits.warnings == ["said", "a plan's own"]
+    for layers in (8, None):
+        with pytest.raises(RecipeError) as caught:
+            origin.apply(plan(layers))
+        assert caught.value.details["field"] == "slices.0.sources.0.layer_range"
+        assert "must span every layer" in caught.value.message
+
+
+def test_the_origin_survives_a_job_record_and_names_sources_mergekits_way() -> None:
+    translated = translate({**ties_config(), "tokenizer_source": "base"}, is_local=local)
+    origin = MergekitOrigin.from_record(translated.origin.record())
+    assert origin == translated.origin
+    error = RecipeError.for_field("base", "not found")
+    renamed = origin.renamed(error, prefix="mergekit.")
+    assert (renamed.message, renamed.details["field"]) == (
+        "mergekit.base_model: not found",
+        "mergekit.base_model",
+    )
+    other = RecipeError.for_field("params.density", "bad")
+    assert origin.renamed(other).message == "params.density: bad"
