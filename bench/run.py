@@ -7,6 +7,7 @@ For one preset made by make_checkpoints.py, every case below is run under `/usr/
                 layerswap with an empty sha256 cache, mergekit
     soup        layerswap, mergekit                    (uniform soup of task + lang)
     ties        layerswap, mergekit                    (TIES over base, density 0.5)
+    nuslerp, model_stock (with --methods): layerswap, mergekit   (over base + task + lang)
     copy        cp -r of one input model               (the physical reference), and the same
                 followed by `sync` of the copied files (durable, like layerswap's default)
 
@@ -15,8 +16,9 @@ Every input is hashed into layerswap's warm sha256 cache first, untimed. Each ca
 the cases so that background load drifts over all of them alike. Before every run the output
 directory is removed (and `sync` run) and the run's inputs are read into the page cache.
 Results: bench/results/<preset>.json and bench/results/<preset>.md. With --verify (the
-default) the last outputs of the two tools are compared tensor by tensor, and layer swap and
-soup are also checked against a reference computed from the inputs.
+default) the last outputs of the two tools are compared tensor by tensor, layer swap and soup
+are also checked against a reference computed from the inputs, and nuslerp and model_stock
+against mergekit computing in float32 (run once more, untimed), as layerswap does.
 
     .venv/bin/python bench/run.py --preset small
 """
@@ -56,9 +58,13 @@ SPARSE_METHODS = ("dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties",
                   "della_linear")  # fmt: skip
 SPARSE_EXTRA = {"breadcrumbs": {"gamma": 0.01}, "breadcrumbs_ties": {"gamma": 0.01},
                 "della": {"epsilon": 0.15}, "della_linear": {"epsilon": 0.15}}  # fmt: skip
+# mergekit's nuslerp (over task vectors) and model_stock: run with --methods. mergekit computes
+# them in its dtype, bf16 here, where layerswap computes in float32: their outputs are also
+# compared with mergekit's computing in float32 (dtype float32, out_dtype bfloat16; untimed).
+ANGLE_METHODS = ("nuslerp", "model_stock")
 READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
          "slerp": ("task", "lang"), "passthrough": ("task", "lang"),
-         **dict.fromkeys(SPARSE_METHODS, ("base", "task", "lang"))}  # fmt: skip
+         **dict.fromkeys(SPARSE_METHODS + ANGLE_METHODS, ("base", "task", "lang"))}  # fmt: skip
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -148,6 +154,13 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             }
             for method in SPARSE_METHODS
         },
+        "nuslerp": {
+            "method": "nuslerp",
+            "base": base,
+            "models": [task, lang],
+            "params": {"weights": [1.0, 1.0]},
+        },
+        "model_stock": {"method": "model_stock", "base": base, "models": [task, lang]},
     }
 
 
@@ -265,11 +278,26 @@ def mergekit_configs(models: dict[str, Path], layers: int) -> dict[str, dict[str
             }
             for method, extra in ((m, SPARSE_EXTRA.get(m, {})) for m in SPARSE_METHODS)
         },
+        "nuslerp": {
+            "merge_method": "nuslerp",
+            "base_model": base,
+            "models": [
+                {"model": task, "parameters": {"weight": 1.0}},
+                {"model": lang, "parameters": {"weight": 1.0}},
+            ],
+            "dtype": "bfloat16",
+        },
+        "model_stock": {
+            "merge_method": "model_stock",
+            "base_model": base,
+            "models": [{"model": task}, {"model": lang}],
+            "dtype": "bfloat16",
+        },
     }
 
 
-def ties_f32_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The TIES config computing in float32 (rounded once to bf16): verification only."""
+def float32_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A mergekit config computing in float32 (rounded once to bf16): verification only."""
     return {**config, "dtype": "float32", "out_dtype": "bfloat16"}
 
 
@@ -733,7 +761,7 @@ def describe_comparison(c: dict[str, Any]) -> str:
         text += (
             f"; {c['elements_differing']} of {c['elements']} elements differ "
             f"({100 * c['fraction_elements_differing']:.2f}%), max abs diff "
-            f"{c['max_abs_diff']:.3g}"
+            f"{c['max_abs_diff']:.3g}, at most {c['max_ulp_diff_same_sign']} ulp(s) apart"
         )
     return text
 
@@ -760,22 +788,32 @@ def verify(
             entry["ties_semantics"] = ties_reference_check(ls_out, mk, models, layers)
         result[method] = entry
         print(f"verify {method}: {json.dumps(entry)[:600]}", flush=True)
-    if "ties" in result and "layerswap_vs_mergekit" in result["ties"] and ties_f32:
-        config = mergekit_configs(models, layers)["ties"]
-        path = write_yaml(work / "recipes" / "mergekit-ties-float32.yaml", ties_f32_config(config))
-        out = work / "out" / "ties-mergekit-float32"
-        remove(out)
-        offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        subprocess.run(
-            [str(MERGEKIT), str(path), str(out), "--no-cuda", "--quiet"],
-            check=True, env={**os.environ, **offline}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        compared = compare_outputs(work / "out" / "ties-layerswap", out)
-        result["ties"]["layerswap_vs_mergekit_float32"] = compared
-        print(f"verify ties vs mergekit float32: {json.dumps(compared)[:400]}", flush=True)
-        remove(out)
+    for method, entry in result.items():
+        if "layerswap_vs_mergekit" in entry and (
+            method in ANGLE_METHODS or (method == "ties" and ties_f32)
+        ):
+            compared = compare_with_float32_mergekit(method, work, models, layers)
+            entry["layerswap_vs_mergekit_float32"] = compared
+            print(f"verify {method} vs mergekit float32: {json.dumps(compared)[:400]}", flush=True)
     return result
+
+
+def compare_with_float32_mergekit(
+    method: str, work: Path, models: dict[str, Path], layers: int
+) -> dict[str, Any]:
+    config = float32_config(mergekit_configs(models, layers)[method])
+    path = write_yaml(work / "recipes" / f"mergekit-{method}-float32.yaml", config)
+    out = work / "out" / f"{method}-mergekit-float32"
+    remove(out)
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run(
+        [str(MERGEKIT), str(path), str(out), "--no-cuda", "--quiet"],
+        check=True, env={**os.environ, **offline}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    compared = compare_outputs(work / "out" / f"{method}-layerswap", out)
+    remove(out)
+    return compared
 
 
 def fill_sha256_cache(cache: Path, models: tuple[Path, ...]) -> None:
@@ -804,7 +842,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--methods", default=",".join(METHODS),
-        help=f"comma-separated; also: {', '.join(SPARSE_METHODS)}",
+        help=f"comma-separated; also: {', '.join(SPARSE_METHODS + ANGLE_METHODS)}",
     )  # fmt: skip
     parser.add_argument(
         "--tools", default=",".join(TOOLS),
@@ -824,7 +862,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown tools: {sorted(unknown_tools)}")
     partial = set(methods) != set(METHODS) or set(tools) != set(TOOLS)
     name = args.preset + ("-partial" if partial else "")
-    if unknown := set(methods) - set(METHODS) - set(SPARSE_METHODS):
+    if unknown := set(methods) - set(METHODS) - set(SPARSE_METHODS) - set(ANGLE_METHODS):
         parser.error(f"unknown methods: {sorted(unknown)}")
     preset_dir = DATA_DIR / args.preset
     if not (preset_dir / "complete.json").is_file():

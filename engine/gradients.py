@@ -4,7 +4,9 @@
 Resolved exactly as mergekit 0.1.5 does (so that equal recipes give equal bytes): a layer's
 position is i / (L - 1) (non-layer tensors sit at 0), a gradient interpolates linearly between
 its neighbouring anchors in float64, and the first condition whose filter is a substring of the
-tensor name (or is absent or `*`) wins. Torch-free: recipes are validated by the API process.
+tensor name (or is absent or `*`) wins. A switch (a boolean parameter) is written the same
+ways; a list of booleans picks, rather than interpolates, anchor int(i / (L - 1) · (n − 1)).
+Torch-free: recipes are validated by the API process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,21 @@ class Condition(BaseModel):
 
 
 Setting = float | Gradient | Annotated[list[Condition], Field(min_length=1, max_length=32)]
+
+
+class SwitchCondition(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    filter: str | None = Field(
+        None, max_length=200, description="applies to tensors whose name contains this"
+    )
+    value: bool | Annotated[list[bool], Field(min_length=1, max_length=256)]
+
+
+Switch = (
+    bool
+    | Annotated[list[bool], Field(min_length=1, max_length=256)]
+    | Annotated[list[SwitchCondition], Field(min_length=1, max_length=32)]
+)
 
 
 def position(layer: int | None, num_layers: int) -> float:
@@ -52,4 +69,18 @@ def resolve(setting: Setting, *, name: str, at: float) -> float | None:
         assert isinstance(condition, Condition)
         if condition.filter in (None, "*") or (name and condition.filter in name):
             return resolve(condition.value, name=name, at=at)
+    return None
+
+
+def resolve_switch(setting: Switch, *, name: str, at: float) -> bool | None:
+    """A switch's value for tensor `name` at stack position `at`; None when no condition
+    matches. A list of booleans is a gradient whose anchors are picked, as mergekit does."""
+    if isinstance(setting, bool):
+        return setting
+    if all(isinstance(v, bool) for v in setting):
+        return bool(setting[int(at * (len(setting) - 1))])
+    for condition in setting:
+        assert isinstance(condition, SwitchCondition)
+        if condition.filter in (None, "*") or (name and condition.filter in name):
+            return resolve_switch(condition.value, name=name, at=at)
     return None

@@ -2,7 +2,8 @@
 
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
 output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
-then combines chunk by chunk; the sparsifying methods are sparse_torch.py's.
+then combines chunk by chunk; the sparsifying methods are sparse_torch.py's; nuslerp and
+model_stock measure angles first (angles.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import partial
 
 import torch
 
+from engine.angles import RULES, AngleMerge
 from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
@@ -54,8 +56,6 @@ class Kernels:
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
-        numel = math.prod(tensor.shape)
-        step = self.compute_elements
         previous = torch.get_num_threads()
         if self.device.type == "cpu":
             # The writer's threads hash and write beside this one: torch's OpenMP threads,
@@ -63,12 +63,22 @@ class Kernels:
             # ~10x slower (a 0.25B slerp: 31 -> 4 s with one thread, measured).
             torch.set_num_threads(CPU_THREADS)
         try:
-            compute = self._computations[tensor.op](tensor)
-            for start in range(0, numel, step):
-                count = min(step, numel - start)
-                yield compute(start, count).to(TORCH_DTYPES[tensor.dtype]).cpu()
+            for chunk in self._outputs(tensor):
+                yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
         finally:
             torch.set_num_threads(previous)
+
+    def _outputs(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
+        if tensor.op in RULES:  # angles per row or column: chunks of whole rows, its own
+            merge = AngleMerge(self._reader(tensor), tensor, chunk=self.selection_elements,
+                               block=self.compute_elements)  # fmt: skip
+            yield from merge.chunks()
+            return
+        numel = math.prod(tensor.shape)
+        compute = self._computations[tensor.op](tensor)
+        step = self.compute_elements
+        for start in range(0, numel, step):
+            yield compute(start, min(step, numel - start))
 
     @property
     def _computations(self) -> dict[str, Callable[[TensorPlan], Compute]]:

@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # vocabulary.py builds on this module's types
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
 # sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning);
-# task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize).
+# task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize);
+# nuslerp (+ base when a third term), model_stock (models, then base): angles between the whole
+# tensors, or per row (along the last dim), or per column (along the first): angles.py.
 Op = Literal[
     "copy",
     "linear",
@@ -32,7 +34,15 @@ Op = Literal[
     "slerp",
     "task_arithmetic",
     "sparsify",
+    "nuslerp",
+    "nuslerp_rows",
+    "nuslerp_columns",
+    "model_stock",
+    "model_stock_rows",
 ]
+ANGLE_OPS = frozenset(
+    {"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows"}
+)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ def recipe_error_from(errors: list[Any], *, skip: int) -> RecipeError:
 def _is_union_tag(part: str | int) -> bool:
     """Pydantic names union members in error locations (`literal['a']`, `RoleWeights`)."""
     return isinstance(part, str) and (
-        any(c in part for c in "[(-") or part[:1].isupper() or part in {"int", "str", "float"}
+        any(c in part for c in "[(-")
+        or part[:1].isupper()
+        or part in {"int", "str", "float", "bool"}
     )
 
 

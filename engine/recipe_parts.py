@@ -126,6 +126,14 @@ def check_weights(weights: Weights, count: int, *, positive: bool = False) -> No
         raise ValueError("params.weights must not sum to zero")
 
 
+def check_base_apart(recipe: ModelsRecipe) -> None:
+    """A base listed among the models too would be merged as a model whose task vector is
+    zero; mergekit takes it as the base alone. Refused rather than guessed."""
+    if recipe.base is not None and recipe.base in recipe.models:
+        i = recipe.models.index(recipe.base)
+        raise ValueError(f"models.{i}: is the base; list the base only as base")
+
+
 @dataclass(frozen=True)
 class NamedSource:
     """One checkpoint a recipe names, in plan order."""

@@ -4,8 +4,9 @@ Copies are handed over first, as file ranges (never decoded, no memory held), so
 can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
 in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
 Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
-every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py); torch, seconds to import, is
-loaded only for the rest (CUDA, float64, slerp), while the copies are written.
+every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py), nuslerp and model_stock in
+numba and torch (angle_kernels.py); torch, seconds to import, is loaded only for the rest (CUDA,
+float64, slerp), while the copies are written.
 Cancellation is checked between tensors and chunks; progress is reported between chunks and,
 while the last writes drain, every half second.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import MergeCanceled
-from engine.plan import Plan, TensorPlan
+from engine.plan import ANGLE_OPS, Plan, TensorPlan
 from engine.progress import CancelCheck, Progress, ProgressCallback
 from engine.safetensors_format import DTYPE_SIZES, encode_header
 from engine.writer import OutputWriter
@@ -154,12 +155,12 @@ class ChunkKernels(Protocol):
 def _kernels(
     plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
 ) -> ChunkKernels:
-    """numba for linear plans, TIES and the sparsifying methods on the CPU; torch (seconds to
-    import, while the copies run) for the rest. numba and torch are imported here, when a plan
-    needs them. numpy too is imported here, by the first computed tensor: its BLAS thread pool
-    starts with it, so a process that plans, copies or serves the API never starts one, and
-    `layerswap worker --nice` lowers the priority of the process before any of its threads
-    exists."""
+    """numba for linear plans, TIES and the sparsifying methods on the CPU, numba and torch for
+    nuslerp and model_stock; torch (seconds to import, while the copies run) for the rest. numba
+    and torch are imported here, when a plan needs them. numpy too is imported here, by the
+    first computed tensor: its BLAS thread pool starts with it, so a process that plans, copies
+    or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
+    process before any of its threads exists."""
     from engine import linear_kernels
 
     if linear_kernels.handles(plan, device):
@@ -176,6 +177,13 @@ def _kernels(
         return sparse_kernels.SparseKernels(
             plan, chunk_elements=chunk_elements, check_cancel=check_cancel
         )
+    if any(t.op in ANGLE_OPS for t in plan.tensors):
+        from engine import angle_kernels
+
+        if angle_kernels.handles(plan, device):
+            return angle_kernels.AngleKernels(
+                plan, chunk_elements=chunk_elements, check_cancel=check_cancel
+            )
     from engine.kernels import Kernels
 
     return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)

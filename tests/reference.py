@@ -162,6 +162,68 @@ def ties(
     return b + lambda_ * merged
 
 
+# -- nuslerp and model_stock (docs/concepts/methods.md) ---------------------------------------
+def vectors(x: torch.Tensor, along: str) -> torch.Tensor:
+    """The tensor as a matrix whose rows are the vectors angles are measured between: the
+    whole tensor ("tensor"), each row along the last dim ("rows") or each column along the
+    first ("columns"). A 0-D or 1-D tensor is one vector."""
+    if along == "tensor" or x.dim() < 2:
+        return x.reshape(1, -1)
+    if along == "rows":
+        return x.reshape(-1, x.shape[-1])
+    return x.reshape(x.shape[0], -1).t()
+
+
+def from_vectors(m: torch.Tensor, shape: torch.Size, along: str) -> torch.Tensor:
+    if along == "columns" and len(shape) >= 2:
+        return m.t().reshape(shape)
+    return m.reshape(shape)
+
+
+def nuslerp(
+    t: float, a: torch.Tensor, b: torch.Tensor, base: torch.Tensor | None, along: str
+) -> torch.Tensor:
+    """mergekit's nuslerp in float64, vector by vector: of a and b, or of a − base and
+    b − base added to base."""
+    x, y = a.double(), b.double()
+    if base is not None:
+        x, y = x - base.double(), y - base.double()
+    rows = []
+    for u, v in zip(vectors(x, along), vectors(y, along), strict=True):
+        cos = float(torch.dot(u / max(float(u.norm()), 1e-7), v / max(float(v.norm()), 1e-7)))
+        cos = min(1.0, max(-1.0, cos))
+        if 1 - cos * cos <= 1e-16:
+            rows.append((1 - t) * u + t * v)
+        else:
+            theta = math.acos(cos)
+            rows.append((math.sin((1 - t) * theta) * u + math.sin(t * theta) * v) / math.sin(theta))
+    out = from_vectors(torch.stack(rows), a.shape, along)
+    return out + base.double() if base is not None else out
+
+
+def model_stock(base: torch.Tensor, models: Sequence[torch.Tensor], along: str) -> torch.Tensor:
+    """mergekit's model_stock in float64, vector by vector: t·mean(models) + (1 − t)·base, with
+    t = N·cos / (1 + (N − 1)·cos) from the mean pairwise cos of the task vectors."""
+    n = len(models)
+    w0 = vectors(base.double(), along)
+    ws = [vectors(m.double(), along) for m in models]
+    rows = []
+    for k in range(w0.shape[0]):
+        deltas = [w[k] - w0[k] for w in ws]
+        cosines = []
+        for i in range(n):
+            for j in range(i + 1, n):
+                product = max(float(deltas[i].norm() * deltas[j].norm()), 1e-6)
+                cosines.append(
+                    min(1.0, max(-1.0, float(torch.dot(deltas[i], deltas[j])) / product))
+                )
+        cos = sum(cosines) / len(cosines)
+        denominator = 1 + (n - 1) * cos
+        t = 0.0 if abs(denominator) < 1e-6 else n * cos / denominator
+        rows.append(t * sum(w[k] for w in ws) / n + (1 - t) * w0[k])
+    return from_vectors(torch.stack(rows), base.shape, along)
+
+
 # -- comparisons ------------------------------------------------------------------------------
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of `dtype` at |x| (float32 tensor), floored at the smallest normal's."""

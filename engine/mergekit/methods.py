@@ -239,6 +239,41 @@ def passthrough(config: MergekitConfig) -> dict[str, Any]:
     return {"method": "passthrough", "models": models, "params": {"slices": slices}}
 
 
+def nuslerp(config: MergekitConfig) -> dict[str, Any]:
+    """Two models besides an optional base (then of their task vectors); `weight` per model,
+    as written; the switches shared, with mergekit's defaults."""
+    models = [m for m in config.inputs if not config.is_base(m)]
+    if len(models) != 2:
+        raise RecipeError.for_field(
+            "models", f"mergekit's nuslerp takes two models besides the base (got {len(models)})"
+        )
+    weights = []
+    for model in models:
+        found = config.model_chain(model, "weight", number)
+        if not found:
+            raise RecipeError.for_field(f"{model.field}.parameters.weight", "required")
+        weights.append(as_setting(found))
+    params = {"weights": weights} | {
+        name: as_setting(config.shared_chain(name, flag, default))
+        for name, default in (("nuslerp_flatten", True), ("nuslerp_row_wise", False))
+    }
+    translated = {"method": "nuslerp", "models": [m.source for m in models], "params": params}
+    if config.base is not None:
+        translated["base"] = config.base.source
+    return translated
+
+
+def model_stock(config: MergekitConfig) -> dict[str, Any]:
+    base, models = _task_vectors(config)
+    if len(models) < 2:
+        raise RecipeError.for_field(
+            "models", "mergekit's model_stock takes at least two models besides the base"
+        )
+    filter_wise = as_setting(config.shared_chain("filter_wise", flag, False))
+    return {"method": "model_stock", "base": base.source, "models": [m.source for m in models],
+            "params": {"filter_wise": filter_wise}}  # fmt: skip
+
+
 def _set_anywhere(config: MergekitConfig, name: str) -> list[str]:
     blocks = [(f"{m.field}.parameters", m.parameters) for m in config.inputs]
     return [f"{where}.{name}" for where, block in blocks + config.shared_blocks if name in block]
@@ -250,6 +285,10 @@ _WEIGHT_DENSITY = frozenset({"weight", "density"})
 METHODS: dict[str, Method] = {
     "linear": Method(linear, frozenset({"normalize"}), frozenset({"weight"})),
     "slerp": Method(slerp, frozenset({"t"})),
+    "nuslerp": Method(
+        nuslerp, frozenset({"nuslerp_flatten", "nuslerp_row_wise"}), frozenset({"weight"}), False
+    ),
+    "model_stock": Method(model_stock, frozenset({"filter_wise"})),
     "passthrough": Method(passthrough, frozenset(), frozenset({"scale"})),
     "task_arithmetic": Method(task_arithmetic, _TASK_VECTORS, _WEIGHT_DENSITY, False),
     "ties": Method(ties, _TASK_VECTORS, _WEIGHT_DENSITY, False),
@@ -260,7 +299,4 @@ METHODS: dict[str, Method] = {
 }  # fmt: skip
 # mergekit 0.1.5's other methods (merge_methods/registry.py), refused by name until Layerswap
 # has them.
-NOT_YET = (
-    "model_stock", "nuslerp", "multislerp", "nearswap", "ram", "ramplus_tl", "sce",
-    "arcee_fusion", "karcher",
-)  # fmt: skip
+NOT_YET = ("multislerp", "nearswap", "ram", "ramplus_tl", "sce", "arcee_fusion", "karcher")

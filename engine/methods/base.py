@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
-from engine.gradients import Condition, Setting
+from engine.gradients import Condition, Setting, Switch, SwitchCondition
 from engine.plan import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.progress import CancelCheck
 from engine.recipe_parts import RecipeBase, Strict
@@ -107,7 +107,7 @@ def terms(indices: Sequence[int], coefficients: Sequence[float], scale: float = 
     return [Term(i, scale * c) for i, c in zip(indices, coefficients, strict=True)]
 
 
-def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting]) -> int:
+def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting | Switch]) -> int:
     """The layers a gradient spreads over; a checkpoint without a known stack is refused only
     when some setting is a gradient (a scalar or filters need no layers)."""
     if not any(_has_gradient(s) for s in settings):
@@ -115,12 +115,13 @@ def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting]) -> int
     return inputs.checkpoints[0].require_layers(method).count
 
 
-def _has_gradient(setting: Setting) -> bool:
-    if isinstance(setting, float | int):
+def _has_gradient(setting: Setting | Switch) -> bool:
+    if isinstance(setting, float | int):  # a bool too
         return False
-    values = [c.value if isinstance(c, Condition) else c for c in setting]
+    conditions = (Condition, SwitchCondition)
+    values = [c.value if isinstance(c, conditions) else c for c in setting]
     return any(isinstance(v, list) for v in values) or not any(
-        isinstance(c, Condition) for c in setting
+        isinstance(c, conditions) for c in setting
     )
 
 

@@ -31,7 +31,8 @@ FILTERED_T = [
 def configs(llama: Family, llama32: Family) -> dict[str, dict[str, Any]]:
     """One config per method, as a model card would hold it: bf16 checkpoints where the
     arithmetic's rounding to bf16 is the same on both sides, float32 where mergekit computes
-    in the checkpoints' dtype (TIES, task arithmetic) or breaks |δ| ties by its sort order."""
+    in the checkpoints' dtype (TIES, task arithmetic, nuslerp, model_stock) or breaks |δ| ties
+    by its sort order."""
     m, m32 = (lambda x: str(getattr(llama, x))), (lambda x: str(getattr(llama32, x)))
     return {
         "linear": {
@@ -89,6 +90,23 @@ def configs(llama: Family, llama32: Family) -> dict[str, dict[str, Any]]:
             "merge_method": "passthrough",
             "dtype": "bfloat16",
         },
+        "nuslerp": {
+            "models": [
+                {"model": m32("task"), "parameters": {"weight": [0.2, 1.0]}},
+                {"model": m32("language"), "parameters": {"weight": 0.5}},
+            ],
+            "merge_method": "nuslerp",
+            "base_model": m32("base"),
+            "parameters": {"nuslerp_flatten": [{"filter": "mlp", "value": False}]},
+            "dtype": "float32",
+        },
+        "model_stock": {
+            "models": [{"model": m32(x)} for x in ("base", "task", "language", "task2")],
+            "merge_method": "model_stock",
+            "base_model": m32("base"),
+            "parameters": {"filter_wise": [True, False]},
+            "dtype": "float32",
+        },
     }
 
 
@@ -98,7 +116,10 @@ def merge_config(config: dict[str, Any], tmp_path: Path, *args: str) -> Any:
     return layerswap("merge", config_file, "--out", tmp_path / "ours", "-q", *args, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("method", ["linear", "slerp", "ties", "task_arithmetic", "passthrough"])
+@pytest.mark.parametrize(
+    "method",
+    ["linear", "slerp", "ties", "task_arithmetic", "passthrough", "nuslerp", "model_stock"],
+)
 def test_a_mergekit_config_merges_as_mergekit_does(
     method: str, llama: Family, llama32: Family, tmp_path: Path
 ) -> None:

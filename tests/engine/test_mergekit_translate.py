@@ -345,6 +345,62 @@ def frankenmerge(**slice_parameters: Any) -> dict[str, Any]:
     }
 
 
+def test_nuslerp() -> None:
+    config = {
+        "merge_method": "nuslerp",
+        "base_model": "./base",
+        "models": models(("./base", {"weight": 9.0}), ("./a", {"weight": [0.2, 1.0]}),
+                         ("./b", None)),
+        "parameters": {"weight": 0.5, "nuslerp_flatten": [{"filter": "mlp", "value": False}],
+                       "nuslerp_row_wise": [True, False]},
+    }  # fmt: skip
+    made = recipe(config)
+    assert (made["method"], made["base"], made["models"]) == ("nuslerp", "./base", ["./a", "./b"])
+    assert made["params"] == {
+        "weights": [[0.2, 1.0], 0.5],  # the base's own weight: not mergekit's (PerNonBase)
+        "nuslerp_flatten": [{"filter": "mlp", "value": False}, {"filter": None, "value": True}],
+        "nuslerp_row_wise": [True, False],
+    }
+    assert any("./base" in w or "models.0" in w for w in warnings(config))
+    plain = recipe({"merge_method": "nuslerp",
+                    "models": models(("./a", {"weight": 1}), ("./b", {"weight": 3}))})  # fmt: skip
+    assert plain["base"] is None
+    assert plain["params"] == {"weights": [1.0, 3.0], "nuslerp_flatten": True,
+                               "nuslerp_row_wise": False}  # fmt: skip
+
+
+def test_nuslerp_refusals() -> None:
+    three = models(("./a", {"weight": 1}), ("./b", {"weight": 1}), ("./c", {"weight": 1}))
+    refused({"merge_method": "nuslerp", "models": three}, "models", "two models")
+    unweighted = {"merge_method": "nuslerp", "models": models(("./a", {"weight": 1}), ("./b", {}))}
+    refused(unweighted, "models.1.parameters.weight", "required")
+    switch = {"merge_method": "nuslerp", "models": three[:2],
+              "parameters": {"nuslerp_flatten": "sometimes"}}  # fmt: skip
+    refused(switch, "parameters.nuslerp_flatten", "not true or false")
+
+
+def test_model_stock() -> None:
+    config = {
+        "merge_method": "model_stock",
+        "base_model": "./base",
+        "models": models(("./base", None), ("./a", None), ("./b", None), ("./c", None)),
+        "parameters": {"filter_wise": [{"filter": "self_attn", "value": True}]},
+    }
+    made = recipe(config)
+    assert (made["base"], made["models"]) == ("./base", ["./a", "./b", "./c"])
+    assert made["params"] == {
+        "filter_wise": [{"filter": "self_attn", "value": True}, {"filter": None, "value": False}]
+    }
+    assert recipe({**config, "parameters": None})["params"] == {"filter_wise": False}
+
+
+def test_model_stock_refusals() -> None:
+    config = {"merge_method": "model_stock", "models": models(("./a", None), ("./b", None))}
+    refused(config, "base_model", "required")
+    one = {**config, "base_model": "./base", "models": models(("./a", None))}
+    refused(one, "models", "at least two models")
+
+
 def test_passthrough() -> None:
     made = recipe(frankenmerge())
     assert made["models"] == ["./a", "hf://org/b"]
@@ -436,8 +492,8 @@ def test_sparsifying_refusals() -> None:
 
 # -- methods ---------------------------------------------------------------------------------
 def test_methods_layerswap_lacks_are_refused_by_name() -> None:
-    config = {"merge_method": "model_stock", "models": [{"model": "./a"}]}
-    refused(config, "merge_method", "mergekit's model_stock has no Layerswap counterpart yet")
+    config = {"merge_method": "multislerp", "models": [{"model": "./a"}]}
+    refused(config, "merge_method", "mergekit's multislerp has no Layerswap counterpart yet")
     refused({**config, "merge_method": "magic"}, "merge_method", "not a mergekit 0.1.5 method")
     refused({"models": [{"model": "./a"}]}, "merge_method", "required")
 

@@ -568,7 +568,8 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     sparse = {"dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
               "della_linear"}  # fmt: skip
     assert set(methods) == {
-        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough", *sparse
+        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "nuslerp",
+        "passthrough", "model_stock", *sparse
     }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
@@ -577,7 +578,9 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "ties": "required",
         "linear": "unused",
         "slerp": "unused",
+        "nuslerp": "optional",
         "passthrough": "unused",
+        "model_stock": "required",
         **dict.fromkeys(sparse, "required"),
     }
     assert methods["layer_swap"]["inputs"] == "experts"
@@ -585,6 +588,10 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert set(methods["slerp"]["params"]) == {"t"}
     assert set(methods["linear"]["params"]) == {"weights", "normalize"}
     assert set(methods["passthrough"]["params"]) == {"slices"}
+    assert set(methods["nuslerp"]["params"]) == {"weights", "nuslerp_flatten", "nuslerp_row_wise"}
+    assert methods["nuslerp"]["params"]["nuslerp_flatten"]["default"] is True
+    assert set(methods["model_stock"]["params"]) == {"filter_wise"}
+    assert methods["model_stock"]["params"]["filter_wise"]["default"] is False
     swap = methods["layer_swap"]["params"]
     assert set(swap) >= {"bottom", "top", "bottom_transition", "top_transition", "non_layer"}
     assert swap["bottom"]["type"] == "integer"

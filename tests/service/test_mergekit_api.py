@@ -83,7 +83,7 @@ def with_fields(**fields: Any) -> dict[str, Any]:
     ("body", "field", "words"),
     [
         (with_fields(chat_template="chatml"), "mergekit.chat_template", "not supported"),
-        (with_fields(merge_method="model_stock"), "mergekit.merge_method", "no Layerswap"),
+        (with_fields(merge_method="multislerp"), "mergekit.merge_method", "no Layerswap"),
         (with_fields(dtype="float64"), "mergekit.dtype", "computes in float32"),
         (with_fields(tokenizer_source="union"), "mergekit.tokenizer_source", "'union'"),
         ({"mergekit": "merge_method: [linear"}, "mergekit", "not valid YAML"),

@@ -1,0 +1,423 @@
+"""nuslerp and model_stock on the CPU: angles.py's arithmetic, the elementwise work and the
+long vectors' moments compiled with numba, each a single pass over the raw input bytes.
+
+angles.py computes in torch: a dozen whole-chunk operations per chunk, each a pass over memory,
+bf16 widened and float32 narrowed by passes of their own, and a large tensor (one angle per
+tensor, the methods' default) read twice. Here:
+
+- **moments** of a vector longer than a chunk: Σ vᵢ·vⱼ for the rule's pairs, each product
+  exact in float64, in pieces of 64K elements summed in order (so the same whatever the
+  threads; inside a piece in whichever order vectorises, which moves a float64 sum's last bits,
+  far below the float32 cos θ made from it). A tensor whose inputs fit in `in_memory` bytes is
+  read once for its moments and its output, a larger one twice.
+- **output**: angles.py's elementwise arithmetic, float32 steps in the same order (the same
+  bits for the same coefficients), rounded once to the output dtype.
+
+What mergekit's bytes depend on stays in torch: the norms and dots of vectors read whole (every
+row; a whole tensor of up to a chunk), by angles.py's own operations on the widened rows, and
+every coefficient, from cos θ. Compiled code is cached on disk (numba's `cache=True`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import torch
+from numba import types
+from numba.extending import overload
+
+from engine.angles import RULES, Nuslerp, Rule, vectors_of
+from engine.kernels import Kernels
+from engine.memory import keep_freed_memory
+from engine.plan import Plan, TensorPlan
+
+SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
+THREADS = max(1, min(4, os.cpu_count() or 1))
+_PIECE = 1 << 16  # elements per partial moment sum: a fixed split, whatever the threads
+_BLOCK = 512  # elements per inner loop: the float32 rows stay in the L1 cache
+
+Array = npt.NDArray[Any]
+_jit = numba.njit(nogil=True, cache=True)
+
+
+def handles(plan: Plan, device: str) -> bool:
+    """Whether every tensor the plan does not copy is a nuslerp or model_stock of one dtype."""
+    if device != "cpu" or sys.byteorder != "little":
+        return False
+    for tensor in plan.tensors:
+        if tensor.op == "copy":
+            continue
+        if tensor.op not in RULES or tensor.dtype not in SUPPORTED_DTYPES:
+            return False
+        dtypes = {plan.checkpoints[t.source].tensors[tensor.read_name].dtype for t in tensor.terms}
+        if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:
+            return False
+    return True
+
+
+# -- compiled kernels ---------------------------------------------------------------------------
+def _as_float32(value: Any) -> Any:
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_as_float32, inline="always")
+def _as_float32_impl(value: Any) -> Any:
+    """BF16 arrives as its uint16 bit pattern (the upper half of a float32), F32 as itself
+    (F16 is widened by numpy first)."""
+    if isinstance(value, types.Integer):
+
+        def from_bf16_bits(value: Any) -> Any:
+            return np.uint32(np.uint32(value) << np.uint32(16)).view(np.float32)
+
+        return from_bf16_bits
+
+    def as_is(value: Any) -> Any:
+        return np.float32(value)
+
+    return as_is
+
+
+def _store(out: Any, j: int, value: Any) -> None:
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_store, inline="always")
+def _store_impl(out: Any, j: Any, value: Any) -> Any:
+    """Into a BF16 output (uint16 bits): round to nearest-even, NaN as the canonical quiet
+    NaN (as torch); into a float32 one: as is."""
+    if isinstance(out.dtype, types.Integer):
+
+        def to_bf16(out: Any, j: Any, value: Any) -> Any:
+            bits = np.float32(value).view(np.uint32)
+            half = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+            rounded = np.uint16(np.uint32(bits + half) >> np.uint32(16))
+            out[j] = rounded if value == value else np.uint16(0x7FC0)  # a select, not a branch
+
+        return to_bf16
+
+    def as_is(out: Any, j: Any, value: Any) -> Any:
+        out[j] = value
+
+    return as_is
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _dot(a: Array, b: Array) -> float:
+    """Σ a·b of float32 rows, each product exact in float64, summed in whatever order
+    vectorises: a float64 sum's last bits, far below the float32 cos θ it makes."""
+    total = 0.0
+    for q in range(a.shape[0]):
+        total += np.float64(a[q]) * np.float64(b[q])
+    return total
+
+
+@_jit
+def _moments(
+    inputs: Array, vectors: int, from_base: bool, pairs: Array, out: Array, lo: int, hi: int
+) -> None:
+    """out[p, k] = Σ vᵢ·vⱼ over piece p (for p in [lo, hi)) for pair k = (i, j), where v is
+    inputs[i], or inputs[i] − inputs[-1] when `from_base` (float32, as torch subtracts)."""
+    count = inputs.shape[1]
+    deltas = np.empty((vectors, _BLOCK), np.float32)
+    for piece in range(lo, hi):
+        out[piece, :] = 0.0
+        end = min(count, (piece + 1) * _PIECE)
+        for start in range(piece * _PIECE, end, _BLOCK):
+            width = min(_BLOCK, end - start)
+            base = inputs[-1, start : start + width]
+            for i in range(vectors):
+                row, delta = inputs[i, start : start + width], deltas[i]
+                if from_base:
+                    for q in range(width):
+                        delta[q] = np.float32(_as_float32(row[q]) - _as_float32(base[q]))
+                else:
+                    for q in range(width):
+                        delta[q] = _as_float32(row[q])
+            for k in range(pairs.shape[0]):
+                out[piece, k] += _dot(deltas[pairs[k, 0], :width], deltas[pairs[k, 1], :width])
+
+
+@_jit
+def _widen(inputs: Array, from_base: bool, out: Array, lo: int, hi: int) -> None:
+    """out[i] = inputs[i] as float32, or inputs[i] − inputs[-1] when `from_base` (float32,
+    as torch subtracts): the vectors whose angles angles.py measures."""
+    for i in range(out.shape[0]):
+        row, base, widened = inputs[i, lo:hi], inputs[-1, lo:hi], out[i, lo:hi]
+        if from_base:
+            for q in range(hi - lo):
+                widened[q] = np.float32(_as_float32(row[q]) - _as_float32(base[q]))
+        else:
+            for q in range(hi - lo):
+                widened[q] = _as_float32(row[q])
+
+
+@_jit
+def _nuslerp(
+    inputs: Array, from_base: bool, colinear: Array, coefficients: Array, length: int,
+    out: Array, first: int, lo: int, hi: int,
+) -> None:  # fmt: skip
+    """angles.Nuslerp.output of elements [lo, hi) of rows of `length` into out[lo - first:];
+    per row: whether colinear, and
+    coefficients sin((1−t)θ), sin(tθ), sin θ, 1 − t, t. A colinear row's (1 − t)·a + t·b is
+    computed as ((1 − t)·a + t·b) / 1, the same bits, so that one loop does both."""
+    result = np.empty(_BLOCK, np.float32)
+    one = np.float32(1.0)
+    for row in range(lo // length, (hi - 1) // length + 1):
+        if colinear[row]:
+            coef_a, coef_b, divisor = coefficients[3, row], coefficients[4, row], one
+        else:
+            coef_a, coef_b = coefficients[0, row], coefficients[1, row]
+            divisor = coefficients[2, row]
+        end = min(hi, (row + 1) * length)
+        for start in range(max(lo, row * length), end, _BLOCK):
+            width = min(_BLOCK, end - start)
+            x, y = inputs[0, start : start + width], inputs[1, start : start + width]
+            base = inputs[-1, start : start + width]
+            block_out = out[start - first : start - first + width]
+            if from_base:
+                for q in range(width):
+                    b = _as_float32(base[q])
+                    delta_a = np.float32(_as_float32(x[q]) - b)
+                    delta_b = np.float32(_as_float32(y[q]) - b)
+                    r = np.float32(np.float32(coef_a * delta_a) + np.float32(coef_b * delta_b))
+                    result[q] = np.float32(np.float32(r / divisor) + b)
+            else:
+                for q in range(width):
+                    a, b = _as_float32(x[q]), _as_float32(y[q])
+                    r = np.float32(np.float32(coef_a * a) + np.float32(coef_b * b))
+                    result[q] = np.float32(r / divisor)
+            for q in range(width):  # a loop of its own: it vectorises only alone
+                _store(block_out, q, result[q])
+
+
+@_jit
+def _model_stock(
+    inputs: Array, coefficients: Array, length: int, out: Array, first: int, lo: int, hi: int
+) -> None:
+    """angles.ModelStock.output of elements [lo, hi) of rows of `length` into out[lo - first:],
+    coefficients t and 1 − t per row: (Σ models + 0) / N · t + base · (1 − t)."""
+    models = inputs.shape[0] - 1
+    n, zero = np.float32(models), np.float32(0.0)
+    total = np.empty(_BLOCK, np.float32)
+    for row in range(lo // length, (hi - 1) // length + 1):
+        t, rest = coefficients[0, row], coefficients[1, row]
+        end = min(hi, (row + 1) * length)
+        for start in range(max(lo, row * length), end, _BLOCK):
+            width = min(_BLOCK, end - start)
+            block_out = out[start - first : start - first + width]
+            model = inputs[0, start : start + width]
+            for q in range(width):
+                total[q] = _as_float32(model[q])
+            for i in range(1, models):
+                other = inputs[i, start : start + width]
+                for q in range(width):
+                    total[q] = np.float32(total[q] + _as_float32(other[q]))
+            base = inputs[-1, start : start + width]
+            for q in range(width):
+                average = np.float32(np.float32(total[q] + zero) / n)
+                total[q] = np.float32(
+                    np.float32(average * t) + np.float32(_as_float32(base[q]) * rest)
+                )
+            for q in range(width):
+                _store(block_out, q, total[q])
+
+
+# -- the driver ---------------------------------------------------------------------------------
+class AngleKernels:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        chunk_elements: int,
+        check_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
+        self.check_cancel = check_cancel or (lambda: None)
+        self.chunk_elements = chunk_elements
+        # A long vector whose inputs take up to this many bytes is read once, not twice: 64 MB
+        # at the default chunk, a 1.8B model's attention weights of three bf16 inputs but not
+        # its MLP's (69 MB), whose extra 30 MB of peak RSS took a merge near 600 MB.
+        self.in_memory = 32 * chunk_elements
+
+    @functools.cached_property
+    def columns(self) -> Kernels:
+        """Columns are measured in torch (kernels.py): nuslerp_row_wise, the rare choice."""
+        return Kernels(
+            self.plan, device="cpu", chunk_elements=self.chunk_elements,
+            check_cancel=self.check_cancel,
+        )  # fmt: skip
+
+    def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
+        """The tensor's output bytes, a chunk at a time, in order."""
+        vectors = vectors_of(tensor.op, tensor.shape)
+        if vectors.rows * vectors.length == 0:
+            return iter(())
+        if vectors.columns:
+            return self.columns.output_bytes(tensor)
+        if vectors.length <= self.chunk_elements:
+            return self._measured_rows(tensor, vectors.rows, vectors.length)
+        return self._long_rows(tensor, vectors.rows, vectors.length)
+
+    def _measured_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
+        """Rows of up to a chunk, a chunk of whole rows at a time, each read once: their angles
+        by angles.py's torch operations on the rows (mergekit's reductions), the rest here."""
+        rule = RULES[tensor.op](tensor)
+        per_chunk = max(1, self.chunk_elements // length)
+        for first in range(0, rows, per_chunk):
+            self.check_cancel()
+            count = min(per_chunk, rows - first) * length
+            inputs = self._inputs(tensor, rule, first * length, count)
+            vectors = np.empty((_vector_count(rule), count), np.float32)
+            _parallel(_widen, _slices(count), 0, count, inputs, _from_base(rule), vectors)
+            as_rows = [torch.from_numpy(v).view(-1, length) for v in vectors]
+            coefficients = rule.coefficients(rule.angle(as_rows))
+            yield self._output(tensor, rule, inputs, coefficients, length, 0, count)
+
+    def _long_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
+        """Rows longer than a chunk (a whole large tensor): moments, then the output. A row
+        whose inputs fit in `in_memory` bytes is read once for both, a longer one twice, a
+        chunk at a time."""
+        rule = RULES[tensor.op](tensor)
+        whole = len(rule.sources) * length * _loaded_itemsize(self.plan, tensor) <= self.in_memory
+        step = self.chunk_elements
+        for row in range(rows):
+            begin, end = row * length, (row + 1) * length
+            if whole:
+                self.check_cancel()
+                inputs = self._inputs(tensor, rule, begin, length)
+                coefficients = self._coefficients(rule, self._moments(inputs, rule))
+                for start in range(0, length, step):
+                    self.check_cancel()
+                    stop = min(length, start + step)
+                    yield self._output(tensor, rule, inputs, coefficients, length, start, stop)
+                continue
+            moments = np.zeros(len(rule.pairs), np.float64)
+            for start in range(begin, end, step):
+                self.check_cancel()
+                moments += self._moments(
+                    self._inputs(tensor, rule, start, min(step, end - start)), rule
+                )
+            coefficients = self._coefficients(rule, moments)
+            for start in range(begin, end, step):
+                self.check_cancel()
+                count = min(step, end - start)
+                inputs = self._inputs(tensor, rule, start, count)
+                yield self._output(tensor, rule, inputs, coefficients, count, 0, count)
+
+    @staticmethod
+    def _coefficients(rule: Rule, moments: Array) -> tuple[torch.Tensor, ...]:
+        by_pair = {pair: torch.tensor(moments[k]) for k, pair in enumerate(rule.pairs)}
+        return rule.coefficients(rule.angle_from_moments(by_pair).to(torch.float32))
+
+    def _output(
+        self, tensor: TensorPlan, rule: Rule, inputs: Array,
+        coefficients: tuple[torch.Tensor, ...], length: int, lo: int, hi: int,
+    ) -> memoryview:  # fmt: skip
+        """The output bytes of elements [lo, hi) of `inputs`, rows of `length` elements with
+        their coefficients."""
+        count = hi - lo
+        out = np.empty(count, np.uint16 if tensor.dtype == "BF16" else np.float32)
+        per_row = [c.reshape(-1).numpy() for c in coefficients]
+        if isinstance(rule, Nuslerp):
+            colinear, *values = per_row
+            # torch multiplies by 1 − t and t as float32 scalars: so does _nuslerp
+            lerp = [np.full_like(values[0], 1 - rule.t), np.full_like(values[0], rule.t)]
+            table = np.stack([*values, *lerp]).astype(np.float32)
+            _parallel(_nuslerp, _slices(count), lo, hi, inputs, rule.with_base, colinear,
+                      table, length, out, lo)  # fmt: skip
+        else:
+            table = np.stack(per_row).astype(np.float32)
+            _parallel(_model_stock, _slices(count), lo, hi, inputs, table, length, out, lo)
+        if tensor.dtype == "F16":
+            out = out.astype(np.float16)  # round to nearest-even, as torch does
+        return out.view(np.uint8).data
+
+    def _moments(self, inputs: Array, rule: Rule) -> Array:
+        """Σ vᵢ·vⱼ over `inputs` for the rule's pairs, in float64: over pieces of a fixed size,
+        summed in order, so the same on any number of threads."""
+        pieces = np.empty((-(-inputs.shape[1] // _PIECE), len(rule.pairs)), np.float64)
+        _parallel(_moments, min(THREADS, len(pieces)), 0, len(pieces), inputs,
+                  _vector_count(rule), _from_base(rule), np.array(rule.pairs, np.int64),
+                  pieces)  # fmt: skip
+        totals = np.zeros(len(rule.pairs), np.float64)
+        for piece in pieces:
+            totals += piece
+        return totals
+
+    def _inputs(self, tensor: TensorPlan, rule: Rule, start: int, count: int) -> Array:
+        """The rule's inputs' elements as the rows of one array, all of one dtype (handles()):
+        BF16 as its uint16 bits, F16 widened to float32, F32 as is; the reads side by side."""
+        infos = [self.plan.checkpoints[s].tensors[tensor.read_name] for s in rule.sources]
+        rows = np.empty(
+            (len(rule.sources), count), np.uint16 if infos[0].dtype == "BF16" else np.float32
+        )
+
+        def read(source: int, row: Array) -> None:
+            info = self.plan.checkpoints[source].tensors[tensor.read_name]
+            name, first_byte = tensor.read_name, start * info.itemsize
+            if info.dtype != "F16":  # the bytes as they are (rows of an aligned vocabulary)
+                self.plan.read_into(source, name, row.view(np.uint8).data, first_byte)
+                return
+            raw = np.empty(count * info.itemsize, np.uint8)
+            self.plan.read_into(source, name, raw.data, first_byte)
+            row[:] = raw.view(np.float16)
+
+        _side_by_side(
+            [functools.partial(read, s, row) for s, row in zip(rule.sources, rows, strict=True)]
+        )
+        return rows
+
+
+def _vector_count(rule: Rule) -> int:
+    """The vectors whose angles count: two for nuslerp, the models for model_stock."""
+    return 2 if isinstance(rule, Nuslerp) else len(rule.sources) - 1
+
+
+def _from_base(rule: Rule) -> bool:
+    return rule.with_base if isinstance(rule, Nuslerp) else True
+
+
+def _slices(elements: int) -> int:
+    return THREADS if elements >= _PIECE else 1
+
+
+# -- threads ------------------------------------------------------------------------------------
+def _parallel(kernel: Any, slices: int, lo: int, hi: int, *args: Any) -> None:
+    """Run `kernel(*args, lo, hi)` over [lo, hi) in `slices` slices side by side (the kernels
+    release the GIL)."""
+    bounds = [lo + (hi - lo) * s // slices for s in range(slices + 1)]
+    _side_by_side(
+        [functools.partial(kernel, *args, bounds[s], bounds[s + 1]) for s in range(slices)]
+    )
+
+
+def _side_by_side(calls: list[Callable[[], None]]) -> None:
+    """Run the calls on the caller's thread and the pool's, all at once."""
+    futures = [_pool_of(os.getpid()).submit(call) for call in calls[1:]]
+    calls[0]()
+    for future in futures:
+        future.result()
+
+
+@functools.cache
+def _pool_of(pid: int) -> ThreadPoolExecutor:
+    """One per process: a forked child (a prefork worker) has none of its parent's threads."""
+    return ThreadPoolExecutor(max(1, THREADS - 1), thread_name_prefix="angles")
+
+
+def _loaded_itemsize(plan: Plan, tensor: TensorPlan) -> int:
+    """Bytes per element of an input as _inputs holds it (BF16 as is, F16 widened)."""
+    return (
+        2
+        if plan.checkpoints[tensor.terms[0].source].tensors[tensor.read_name].dtype == "BF16"
+        else 4
+    )
