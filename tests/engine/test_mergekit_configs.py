@@ -1,23 +1,24 @@
 """Real mergekit YAML configs run by `layerswap merge` (a subprocess, as a user runs it) and by
 mergekit 0.1.5 (.venv-bench): every output tensor equal, bit for bit. Also what only the
-checkpoints can tell: a slice's depth, a tokenizer_source's files, the dry run."""
+checkpoints can tell: a slice's depth, different vocabularies (tokenizer_source), the dry run."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import Family
 from tests.engine.mergekit_parity import run_mergekit, ulp_distance
 from tests.engine.test_output import assert_forward_pass
+from tests.engine.vocabularies import ChatFamily, embedding_names, make_chat_family, vocabulary
 from tests.reference import load
 from tests.test_cli import LAYERSWAP, layerswap
 
@@ -153,25 +154,79 @@ def test_a_slice_short_of_the_models_layers_is_refused(
     assert not (tmp_path / "ours").exists()
 
 
-def test_tokenizer_source_of_another_vocabulary_is_refused(
-    llama: Family, llama32: Family, tmp_path: Path
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory: pytest.TempPathFactory) -> ChatFamily:
+    return make_chat_family(tmp_path_factory.mktemp("mergekit-chats"), dtype=torch.float32, seed=3)
+
+
+def vocabulary_configs(family: ChatFamily) -> dict[str, dict[str, Any]]:
+    """chat added four chat tokens, tool a plain token and two special ones (one of them
+    chat's): merged over tool or chat (the ids fixed on both sides: the base's, then the
+    other's new tokens), and over their base, which lacks every added token (mergekit numbers
+    the ones new to it in the order of a set)."""
+    chat, tool, base = str(family.chat), str(family.tool), str(family.base)
+    return {
+        "linear-union": {
+            "merge_method": "linear",
+            "base_model": tool,  # listed second: the union starts from it all the same
+            "models": [{"model": chat, "parameters": {"weight": 0.6}},
+                       {"model": tool, "parameters": {"weight": 0.4}}],
+            "tokenizer_source": "union",
+            "dtype": "float32",
+        },
+        "slerp-model": {
+            "merge_method": "slerp",
+            "base_model": tool,
+            "models": [{"model": chat}, {"model": tool}],
+            "parameters": {"t": [0, 0.3, 1]},
+            "tokenizer": {"source": chat},
+            "dtype": "float32",
+        },
+        "task_arithmetic-union": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [{"model": chat, "parameters": {"weight": 0.7}},
+                       {"model": tool, "parameters": {"weight": 0.5}}],
+            "tokenizer_source": "union",
+            "dtype": "float32",
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["linear-union", "slerp-model", "task_arithmetic-union"])
+def test_a_tokenizer_source_merges_different_vocabularies_as_mergekit_does(
+    case: str, chats: ChatFamily, tmp_path: Path
 ) -> None:
-    other = tmp_path / "other-vocabulary"
-    shutil.copytree(llama32.base, other)
-    vocabulary = json.loads((other / "tokenizer.json").read_text())
-    vocabulary["added_tokens"] = [*vocabulary.get("added_tokens", []), {
-        "id": 250, "content": "<extra>", "single_word": False, "lstrip": False,
-        "rstrip": False, "normalized": False, "special": True,
-    }]  # fmt: skip
-    (other / "tokenizer.json").write_text(json.dumps(vocabulary))
-    config = configs(llama, llama32)["ties"]
-    config["base_model"] = config["models"][0]["model"] = str(other)
+    config = vocabulary_configs(chats)[case]
     done = merge_config(config, tmp_path)
-    assert done.returncode == 1
-    assert "error [invalid_recipe]: tokenizer_source: tokenizer.json of " in done.stderr
-    assert "rebuilding the vocabulary from another model's tokenizer is not supported" in (
-        done.stderr
-    )
+    assert done.returncode == 0, done.stderr
+    ours, theirs = tmp_path / "ours", run_mergekit(config, tmp_path / "mergekit")
+    mine, reference = vocabulary(ours), vocabulary(theirs)
+    expected = {"linear-union": 262, "slerp-model": 260, "task_arithmetic-union": 262}[case]
+    assert len(mine) == expected
+    if case == "task_arithmetic-union":  # the base's ids, then the new tokens in any order
+        assert set(mine) == set(reference)
+        assert {t: i for t, i in mine.items() if i < 256} == {
+            t: i for t, i in reference.items() if i < 256
+        }
+    else:
+        assert mine == reference
+    mine_t, reference_t = load(ours), load(theirs)
+    assert set(mine_t) == set(reference_t)
+    order = sorted(mine)
+    for name, tensor in mine_t.items():
+        if name in embedding_names(mine_t):  # row by token: ids may differ (above)
+            rows = reference_t[name][[reference[t] for t in order]]
+            assert ulp_distance(tensor[[mine[t] for t in order]], rows) == 0, name
+        else:
+            assert ulp_distance(tensor, reference_t[name]) == 0, name
+    from transformers import AutoTokenizer
+
+    text = "<|im_start|>user zzq <tool> hi<|im_end|>"
+    encoded = [AutoTokenizer.from_pretrained(str(d))(text)["input_ids"] for d in (ours, theirs)]
+    if case != "task_arithmetic-union":
+        assert encoded[0] == encoded[1]
+    assert_forward_pass(ours)
 
 
 def test_a_refusal_is_one_line_naming_the_mergekit_field(
