@@ -49,8 +49,16 @@ LAYERSWAP = ROOT / ".venv" / "bin" / "layerswap"
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 TIME = Path("/usr/bin/time")
 METHODS = ("layer_swap", "soup", "ties", "slerp", "passthrough")
+# mergekit's sparsifying task-vector methods: run with --methods (not by default: mergekit's
+# DELLA alone takes ~20 minutes on the large preset). Each over base + [task, lang], weight 1.0
+# and density 0.5 per model, with the methods' other defaults (gamma 0.01, epsilon 0.15).
+SPARSE_METHODS = ("dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
+                  "della_linear")  # fmt: skip
+SPARSE_EXTRA = {"breadcrumbs": {"gamma": 0.01}, "breadcrumbs_ties": {"gamma": 0.01},
+                "della": {"epsilon": 0.15}, "della_linear": {"epsilon": 0.15}}  # fmt: skip
 READS = {"layer_swap": ("task", "lang"), "soup": ("task", "lang"), "ties": ("base", "task", "lang"),
-         "slerp": ("task", "lang"), "passthrough": ("task", "lang")}  # fmt: skip
+         "slerp": ("task", "lang"), "passthrough": ("task", "lang"),
+         **dict.fromkeys(SPARSE_METHODS, ("base", "task", "lang"))}  # fmt: skip
 TOOLS = ("layerswap", "mergekit", "cp")
 # The paper's swap for 32 layers is bottom=5, top=2; a 16-layer model gets a proportional one.
 SWAP_FOR_LAYERS = {32: (5, 2), 16: (3, 1)}
@@ -130,6 +138,15 @@ def layerswap_recipes(models: dict[str, Path], layers: int) -> dict[str, dict[st
             "method": "passthrough",
             "models": [task, lang],
             "params": {"slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)]},
+        },
+        **{
+            method: {
+                "method": method,
+                "base": base,
+                "models": [task, lang],
+                "params": {"weights": [1.0, 1.0], "density": 0.5, **SPARSE_EXTRA.get(method, {})},
+            }
+            for method in SPARSE_METHODS
         },
     }
 
@@ -235,6 +252,18 @@ def mergekit_configs(models: dict[str, Path], layers: int) -> dict[str, dict[str
             "merge_method": "passthrough",
             "slices": [{"sources": [s]} for s in frankenmerge(task, lang, layers)],
             "dtype": "bfloat16",
+        },
+        **{
+            method: {
+                "merge_method": method,
+                "base_model": base,
+                "models": [
+                    {"model": m, "parameters": {"weight": 1.0, "density": 0.5, **extra}}
+                    for m in (task, lang)
+                ],
+                "dtype": "bfloat16",
+            }
+            for method, extra in ((m, SPARSE_EXTRA.get(m, {})) for m in SPARSE_METHODS)
         },
     }
 
@@ -768,7 +797,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="small", help="a directory under bench/data")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS),
+        help=f"comma-separated; also: {', '.join(SPARSE_METHODS)}",
+    )  # fmt: skip
     parser.add_argument(
         "--tools", default=",".join(TOOLS),
         help="comma-separated; a subset writes results/<preset>-partial.{md,json}",
@@ -787,7 +819,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown tools: {sorted(unknown_tools)}")
     partial = set(methods) != set(METHODS) or set(tools) != set(TOOLS)
     name = args.preset + ("-partial" if partial else "")
-    if unknown := set(methods) - set(METHODS):
+    if unknown := set(methods) - set(METHODS) - set(SPARSE_METHODS):
         parser.error(f"unknown methods: {sorted(unknown)}")
     preset_dir = DATA_DIR / args.preset
     if not (preset_dir / "complete.json").is_file():

@@ -2,7 +2,7 @@
 
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
 output dtype. TIES first selects each delta's top-k over the whole tensor (selection.py),
-then combines chunk by chunk.
+then combines chunk by chunk; the sparsifying methods are sparse_torch.py's.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from engine.interpolation_kernels import Read, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
+from engine.sparse_torch import SparseMerge
 from engine.tensor_io import TORCH_DTYPES, read_planned
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
@@ -81,6 +82,7 @@ class Kernels:
             "slerp": lambda tensor: (
                 Slerp(self._reader(tensor), tensor, self.selection_elements).chunk
             ),
+            "sparsify": self._sparse_computation,
         }
 
     def _reader(self, tensor: TensorPlan) -> Read:
@@ -89,6 +91,13 @@ class Kernels:
             return self._read(source, tensor.read_name, start, count)
 
         return read
+
+    def _sparse_computation(self, tensor: TensorPlan) -> Compute:
+        assert self.plan.sparsify is not None
+        merge = SparseMerge(
+            self._reader(tensor), tensor, self.plan.sparsify, self.selection_elements
+        )
+        return merge.chunk
 
     def _ties_computation(self, tensor: TensorPlan) -> Compute:
         selections = self._ties_selections(tensor)

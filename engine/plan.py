@@ -21,8 +21,18 @@ if TYPE_CHECKING:  # vocabulary.py builds on this module's types
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
+# sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning);
 # task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize).
-Op = Literal["copy", "linear", "ties", "weighted_sum", "weighted_mean", "slerp", "task_arithmetic"]
+Op = Literal[
+    "copy",
+    "linear",
+    "ties",
+    "weighted_sum",
+    "weighted_mean",
+    "slerp",
+    "task_arithmetic",
+    "sparsify",
+]
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,16 @@ class Term:
 
     source: int
     coefficient: float
+
+
+@dataclass(frozen=True)
+class Thinning:
+    """One `sparsify` tensor's amounts, per term (the terms' coefficients are their weights)."""
+
+    densities: tuple[float, ...]  # the fraction of each delta kept (1: all of it)
+    lambda_: float  # scale of the merged delta
+    gammas: tuple[float, ...] = ()  # breadcrumbs: the share of the largest |δ| dropped
+    epsilons: tuple[float, ...] = ()  # DELLA: keep probabilities span density ± epsilon
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,7 @@ class TensorPlan:
     origin: str  # provenance label: language, task, transition, average, soup, ...
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
+    thinning: Thinning | None = None  # for op sparsify
 
     @property
     def read_name(self) -> str:
@@ -68,6 +89,22 @@ class TiesSettings:
     density: float
     lambda_: float
     normalize: bool
+
+
+Dropping = Literal["random", "outliers", "magprune"]
+
+
+@dataclass(frozen=True)
+class SparsifySettings:
+    """How a sparsifying task-vector method thins each delta δᵢ = Tᵢ − base and merges them
+    (engine/methods/sparsify.py); the amounts are per tensor (TensorPlan.thinning)."""
+
+    base: int
+    dropping: Dropping  # DARE's random drop, breadcrumbs' outliers and small ones, DELLA's
+    consensus: bool  # keep only the deltas that agree with the elected sign (TIES)
+    normalize: bool
+    rescale: bool  # scale each thinned delta back to its original L1 norm
+    seed: int | None  # of the random drops (random, magprune)
 
 
 @dataclass(frozen=True)
@@ -95,6 +132,7 @@ class Plan:
     config_input: int  # config.json and generation config come from here
     tokenizer_input: int  # tokenizer files come from here
     ties: TiesSettings | None = None  # TIES's, and task arithmetic's base, λ and normalize
+    sparsify: SparsifySettings | None = None
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
@@ -109,10 +147,13 @@ class Plan:
         return sum(t.nbytes for t in self.tensors)
 
     def inputs_read(self, tensor: TensorPlan) -> set[int]:
-        """The inputs whose copy of `tensor` computing it reads."""
+        """The inputs whose copy of `tensor` computing it reads: its terms' and, for TIES and
+        the sparsifying methods, the base the deltas are taken from."""
         sources = {t.source for t in tensor.terms}
         if tensor.op == "ties" and self.ties is not None:
             sources.add(self.ties.base)
+        if tensor.op == "sparsify" and self.sparsify is not None:
+            sources.add(self.sparsify.base)
         if self.vocabulary is not None and tensor.read_name in self.vocabulary.tensors:
             sources = self.vocabulary.reads(sources)
         return sources
@@ -143,6 +184,9 @@ class Plan:
                 terms = self.describe_terms(t.terms)
                 if t.op in ("ties", "task_arithmetic") and self.ties is not None:
                     terms = f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
+                if t.op == "sparsify" and self.sparsify is not None:
+                    base = self.inputs[self.sparsify.base].label
+                    terms = f"{self.method}(base={base}; {terms})"
                 seen[t.layer] = LayerRow(label, t.origin, terms)
         rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
         if None in seen:
@@ -181,6 +225,7 @@ class Plan:
             # only when present, so plans without them keep their digests
             **({"config_changes": self.config_changes} if self.config_changes else {}),
             **({"vocabulary": self.vocabulary.to_dict()} if self.vocabulary else {}),
+            **({"sparsify": asdict(self.sparsify)} if self.sparsify else {}),
         }
 
     def digest(self) -> str:
@@ -213,4 +258,14 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "origin": t.origin,
         "terms": [[term.source, term.coefficient] for term in t.terms],
         **({"input_name": t.input_name} if t.input_name else {}),
+        **({"thinning": _thinning_dict(t.thinning)} if t.thinning else {}),
     }
+
+
+def _thinning_dict(thinning: Thinning) -> dict[str, Any]:
+    data: dict[str, Any] = {"densities": list(thinning.densities), "lambda": thinning.lambda_}
+    if thinning.gammas:
+        data["gammas"] = list(thinning.gammas)
+    if thinning.epsilons:
+        data["epsilons"] = list(thinning.epsilons)
+    return data

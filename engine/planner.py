@@ -113,6 +113,7 @@ def _assemble(
         config_input=method.config_input,
         tokenizer_input=vocabulary.tokenizer_input if vocabulary else method.tokenizer_input,
         ties=method.ties,
+        sparsify=method.sparsify,
         resolved_weights=method.resolved_weights,
         warnings=warnings,
         layer_stack=found,
@@ -141,14 +142,20 @@ def _tensor(
     if op == "linear":  # other ops read every term: mergekit's arithmetic keeps 0·x
         terms = tuple(t for t in terms if t.coefficient != 0.0) or terms[:1]
     if info.dtype not in FLOAT_DTYPES:
-        # Integer/bool buffers cannot be averaged: take them from the dominant input.
-        source = method.ties.base if method.ties else max(terms, key=lambda t: t.coefficient).source
+        # Integer/bool buffers cannot be averaged: take them from the base deltas are taken
+        # from, else from the dominant input.
+        base = method.ties or method.sparsify
+        source = base.base if base else max(terms, key=lambda t: t.coefficient).source
         warnings.append(f"{name}: {info.dtype} tensor copied from one input, not merged")
         return TensorPlan(name, info.shape, info.dtype, "copy", (Term(source, 1.0),), layer, origin)
     dtype = info.dtype if recipe.output.dtype == "source" else OUTPUT_DTYPES[recipe.output.dtype]
     if op == "linear" and len(terms) == 1 and terms[0].coefficient == 1.0 and dtype == info.dtype:
         op = "copy"
-    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin)
+    thinning = None
+    if op == "sparsify":
+        assert method.thinning is not None
+        thinning = method.thinning(name, layer)
+    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin, thinning=thinning)
 
 
 def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint]) -> TensorPlan:

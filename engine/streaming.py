@@ -3,9 +3,9 @@
 Copies are handed over first, as file ranges (never decoded, no memory held), so the writer
 can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
 in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
-Linear plans on the CPU compute in numpy (linear_kernels.py), TIES on the CPU in
-numba-compiled loops (ties_kernels.py); torch, seconds to import, is loaded only for the rest
-(CUDA, float64), while the copies are written.
+Linear plans on the CPU compute in numpy (linear_kernels.py), TIES and the sparsifying methods
+on the CPU in numba-compiled loops (ties_kernels.py, sparse_kernels.py); torch, seconds to
+import, is loaded only for the rest (CUDA, float64), while the copies are written.
 Cancellation is checked between tensors and chunks; progress is reported between chunks and,
 while the last writes drain, every half second.
 """
@@ -154,12 +154,12 @@ class ChunkKernels(Protocol):
 def _kernels(
     plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
 ) -> ChunkKernels:
-    """numpy for linear plans on the CPU, numba for TIES on the CPU; torch (seconds to import,
-    while the copies run) for the rest. numba and torch are imported here, when a plan needs
-    them: a linear merge never loads either. numpy too is imported here, by the first computed
-    tensor: its BLAS thread pool starts with it, so a process that plans, copies or serves the
-    API never starts one, and `layerswap worker --nice` lowers the priority of the process
-    before any of its threads exists."""
+    """numpy for linear plans on the CPU, numba for TIES and the sparsifying methods on the
+    CPU; torch (seconds to import, while the copies run) for the rest. numba and torch are
+    imported here, when a plan needs them: a linear merge never loads either. numpy too is
+    imported here, by the first computed tensor: its BLAS thread pool starts with it, so a
+    process that plans, copies or serves the API never starts one, and `layerswap worker
+    --nice` lowers the priority of the process before any of its threads exists."""
     from engine import linear_kernels
 
     if linear_kernels.handles(plan, device):
@@ -168,6 +168,12 @@ def _kernels(
 
     if ties_kernels.handles(plan, device):
         return ties_kernels.TiesKernels(
+            plan, chunk_elements=chunk_elements, check_cancel=check_cancel
+        )
+    from engine import sparse_kernels
+
+    if sparse_kernels.handles(plan, device):
+        return sparse_kernels.SparseKernels(
             plan, chunk_elements=chunk_elements, check_cancel=check_cancel
         )
     from engine.kernels import Kernels

@@ -159,6 +159,59 @@ def _density(config: MergekitConfig, models: list[Input]) -> float:
     return found[0][1]
 
 
+# mergekit's sparsifying methods (registry.py): their defaults for normalize and rescale, the
+# amount each takes per model beside weight and density (with its default), whether its
+# drops are random.
+_SPARSIFYING: dict[str, tuple[bool, bool, dict[str, float], bool]] = {
+    "dare_ties": (False, True, {}, True),
+    "dare_linear": (False, True, {}, True),
+    "breadcrumbs": (False, False, {"gamma": 0.01}, False),
+    "breadcrumbs_ties": (False, False, {"gamma": 0.01}, False),
+    "della": (True, True, {"epsilon": 0.15}, True),
+    "della_linear": (False, True, {"epsilon": 0.15}, True),
+}
+
+
+def _fraction(value: Any, field: str) -> float:
+    """A density as mergekit reads it: 1 and above keep every entry; none at or below 0."""
+    found = number(value, field)
+    if found <= 0:
+        raise RecipeError.for_field(field, f"{found}: must be above 0")
+    return min(found, 1.0)
+
+
+def _sparsifying(method: str) -> Translator:
+    """dare_*, breadcrumbs*, della*: weights and amounts per model (gradients and filters as
+    written), the switches shared; mergekit's defaults written out (its density is 1.0)."""
+    normalize, rescale, amounts, random = _SPARSIFYING[method]
+
+    def translate(config: MergekitConfig) -> dict[str, Any]:
+        base, models = _task_vectors(config)
+        params: dict[str, Any] = {"weights": []}
+        for model in models:
+            found = config.model_chain(model, "weight", number)
+            if not found:
+                raise RecipeError.for_field(f"{model.field}.parameters.weight", "required")
+            params["weights"].append(as_setting(found))
+        for name, default in {"density": 1.0, **amounts}.items():
+            convert = _fraction if name == "density" else number
+            params[name] = [as_setting(config.model_chain(m, name, convert, default))
+                            for m in models]  # fmt: skip
+        params["lambda"] = as_setting(config.shared_chain("lambda", number, 1.0))
+        params["normalize"] = _shared(config, "normalize", flag, normalize, method)
+        params["rescale"] = _shared(config, "rescale", flag, rescale, method)
+        if random:
+            config.warnings.append(
+                f"{method}'s drops are random: mergekit draws them from torch's generator, "
+                "Layerswap from the recipe's seed (0), the same each time; the two agree in "
+                "distribution, not entry by entry"
+            )
+        return {"method": method, "base": base.source, "models": [m.source for m in models],
+                "params": params}  # fmt: skip
+
+    return translate
+
+
 def passthrough(config: MergekitConfig) -> dict[str, Any]:
     if config.slices is None:
         raise RecipeError.for_field("models", "Layerswap's passthrough takes slices, not models")
@@ -200,11 +253,14 @@ METHODS: dict[str, Method] = {
     "passthrough": Method(passthrough, frozenset(), frozenset({"scale"})),
     "task_arithmetic": Method(task_arithmetic, _TASK_VECTORS, _WEIGHT_DENSITY, False),
     "ties": Method(ties, _TASK_VECTORS, _WEIGHT_DENSITY, False),
+    **{
+        name: Method(_sparsifying(name), _TASK_VECTORS, _WEIGHT_DENSITY | set(amounts), False)
+        for name, (_, _, amounts, _) in _SPARSIFYING.items()
+    },
 }  # fmt: skip
 # mergekit 0.1.5's other methods (merge_methods/registry.py), refused by name until Layerswap
 # has them.
 NOT_YET = (
-    "model_stock", "nuslerp", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties",
-    "della", "della_linear", "multislerp", "nearswap", "ram", "ramplus_tl", "sce",
+    "model_stock", "nuslerp", "multislerp", "nearswap", "ram", "ramplus_tl", "sce",
     "arcee_fusion", "karcher",
 )  # fmt: skip

@@ -4,6 +4,9 @@ rule, how it is described); this table is the only list of them."""
 from __future__ import annotations
 
 from engine.methods import (
+    breadcrumbs,
+    dare,
+    della,
     layer_swap,
     linear,
     passthrough,
@@ -24,6 +27,12 @@ METHODS: dict[str, Method] = {
         linear.METHOD,
         slerp.METHOD,
         passthrough.METHOD,
+        dare.DARE_TIES,
+        dare.DARE_LINEAR,
+        breadcrumbs.BREADCRUMBS,
+        breadcrumbs.BREADCRUMBS_TIES,
+        della.DELLA,
+        della.DELLA_LINEAR,
     )
 }
 

@@ -9,12 +9,14 @@ from typing import Any, Literal
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
 from engine.gradients import Condition, Setting
-from engine.plan import InputRef, Op, Term, TiesSettings
+from engine.plan import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.progress import CancelCheck
 from engine.recipe_parts import RecipeBase, Strict
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
+# (tensor name, layer index or None) -> a `sparsify` tensor's amounts
+ThinningRule = Callable[[str, int | None], Thinning]
 
 
 @dataclass
@@ -82,6 +84,8 @@ class MethodPlan:
     config_input: int
     tokenizer_input: int
     ties: TiesSettings | None = None
+    sparsify: SparsifySettings | None = None
+    thinning: ThinningRule | None = None  # asked for each tensor the rule makes `sparsify`
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     # A method that changes the model's shape lists every output tensor itself, in order,
     # instead of a rule over config_input's tensors; and the output's layer count.

@@ -54,7 +54,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Layerswap: merge fine-tuned LLM checkpoints (layer swap, soup, TIES, slerp, ...)."""
+    """Layerswap: merge fine-tuned LLM checkpoints (layer swap, soup, TIES, slerp, DARE, ...)."""
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """The CUDA path, run on a GPU host with `pytest -m gpu` (deselected by default: CI has no GPU;
 there the CPU-only behaviour is tested by test_output_safety.py::test_cuda_device). Every method
 merged on the GPU must give what the CPU gives: the arithmetic is the same float32 elementwise
-work, so linear methods are byte-identical; TIES's top-k selection is compared numerically
-(ties between equal magnitudes may be broken differently by the two devices' sort)."""
+work, so linear methods are byte-identical, and so are the sparsifying ones (Philox bits,
+exact selections and sums); TIES's top-k selection is compared numerically (ties between equal
+magnitudes may be broken differently by the two devices' sort)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,24 @@ def recipes(fam: Family) -> dict[str, dict[str, Any]]:
                             "params": {"weights": "uniform", "lambda": 0.7}},
         "ties": {"method": "ties", "base": fam.base, "models": [fam.task, fam.language],
                  "params": {"density": 0.5, "lambda": 1.0, "normalize": True}},
+        "dare_ties": {"method": "dare_ties", "base": fam.base,
+                      "models": [fam.task, fam.language, fam.language2],
+                      "params": {"density": [0.3, 0.5, 1.0], "weights": [1.0, 0.5, 0.8],
+                                 "normalize": True}},
+        "breadcrumbs_ties": {"method": "breadcrumbs_ties", "base": fam.base,
+                             "models": [fam.task, fam.language],
+                             "params": {"density": 0.6, "gamma": 0.1, "rescale": True}},
+        "della_linear": {"method": "della_linear", "base": fam.base,
+                         "models": [fam.task, fam.language],
+                         "params": {"density": 0.5, "epsilon": 0.2, "lambda": 1.2}},
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("method", ["layer_swap", "transitions", "soup", "task_arithmetic", "ties"])
+@pytest.mark.parametrize(
+    "method",
+    ["layer_swap", "transitions", "soup", "task_arithmetic", "ties", "dare_ties",
+     "breadcrumbs_ties", "della_linear"],
+)  # fmt: skip
 @pytest.mark.parametrize("chunk_elements", [1 << 12, 1 << 22])
 def test_gpu_merge_equals_cpu_merge(
     method: str, chunk_elements: int, llama: Family, run_merge: Any, tmp_path: Path

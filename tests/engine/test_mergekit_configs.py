@@ -125,6 +125,36 @@ def test_a_mergekit_config_merges_as_mergekit_does(
     assert_forward_pass(ours)
 
 
+def test_a_sparsifying_config_merges_as_its_recipe_does(
+    llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """mergekit's della, translated: the same bytes as the Layerswap recipe it says it is
+    (mergekit's own drops are random; test_mergekit_parity.py compares them in distribution),
+    the translation's warning in the manifest."""
+    m = lambda x: str(getattr(llama, x))  # noqa: E731
+    config = {
+        "merge_method": "della",
+        "base_model": m("base"),
+        "models": [
+            {"model": m("task"), "parameters": {"weight": 1.0, "density": [0.3, 0.7]}},
+            {"model": m("language"), "parameters": {"weight": 0.6, "epsilon": 0.2}},
+        ],
+        "parameters": {"density": 0.5, "lambda": 1.1},
+        "dtype": "bfloat16",
+    }
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    recipe = {"method": "della", "base": llama.base, "models": [llama.task, llama.language],
+              "params": {"weights": [1.0, 0.6], "density": [[0.3, 0.7], 0.5],
+                         "epsilon": [0.15, 0.2], "lambda": 1.1}}  # fmt: skip
+    direct = run_merge(recipe)
+    weights = "model.safetensors"
+    assert (tmp_path / "ours" / weights).read_bytes() == (direct.out_dir / weights).read_bytes()
+    manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
+    assert manifest["recipe"]["params"]["seed"] == 0
+    assert any("drops are random" in w for w in manifest["warnings"])
+
+
 def test_dry_run_shows_the_translated_recipe(
     llama: Family, llama32: Family, tmp_path: Path
 ) -> None:

@@ -1,13 +1,17 @@
-"""linear and slerp against mergekit 0.1.5 on the same checkpoints, every tensor compared.
+"""linear, slerp, passthrough and the sparsifying methods against mergekit 0.1.5 on the same
+checkpoints, every tensor compared.
 
-mergekit runs in .venv-bench (bench/setup.sh) with dtype = out_dtype = the checkpoints' own,
-so both sides widen to float32, compute and round once. Expected: equal bits; at most 1 ulp
-where a reduction (slerp's norms and dot) may sum in another order.
+mergekit runs in .venv-bench (bench/setup.sh). For linear and slerp, with dtype = out_dtype =
+the checkpoints' own, so both sides widen to float32, compute and round once. Expected: equal
+bits; at most 1 ulp where a reduction (slerp's norms and dot) may sum in another order. The
+sparsifying methods: see their section below.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,8 @@ import torch
 
 from tests.conftest import Family
 from tests.engine.mergekit_parity import run_mergekit, ulp_distance
-from tests.reference import load
+from tests.engine.sparsify_reference import gradient, tie_ambiguous
+from tests.reference import assert_within_ulps, layer_of, load
 
 GRADIENT_T = [
     {"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
@@ -171,3 +176,227 @@ def test_passthrough_equals_mergekit(
     layers = sum(e - s for _, s, e in slices)
     for out in (ours, theirs):
         assert json.loads((out / "config.json").read_text())[key] == layers
+
+
+# -- the sparsifying methods ----------------------------------------------------------------------
+# mergekit's generalized task arithmetic computes in the config's `dtype`: float32 is what the
+# engine computes in, so both widen, compute and round once to `out_dtype`.
+def _sparse_config(
+    method: str, fam: Family, per_model: list[tuple[str, dict[str, Any]]], shared: dict[str, Any],
+    out_dtype: str,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "merge_method": method,
+        "base_model": str(fam.base),
+        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in per_model],
+        "parameters": shared,
+        "dtype": "float32",
+        "out_dtype": out_dtype,
+    }
+
+
+BREADCRUMBS_CASES = [
+    ("breadcrumbs", [{"weight": 0.7, "density": 0.8, "gamma": 0.05},
+                     {"weight": 0.4, "density": 0.8, "gamma": 0.05}], {}),
+    ("breadcrumbs", [{"weight": 0.5, "density": 0.6, "gamma": 0.2},
+                     {"weight": 1.0, "density": 0.9, "gamma": 0.01}],
+     {"normalize": True, "lambda": 1.2}),
+    ("breadcrumbs_ties", [{"weight": 1.0, "density": 0.5, "gamma": 0.1},
+                          {"weight": 0.6, "density": 0.5, "gamma": 0.1}],
+     {"normalize": True, "lambda": 0.8}),
+    ("breadcrumbs_ties", [{"weight": [0.2, 1.0], "density": [0.4, 0.9], "gamma": 0.02},
+                          {"weight": 0.6, "density": 0.7, "gamma": [0.0, 0.1]}], {}),
+]  # fmt: skip
+
+
+def _as_recipe_params(per_model: list[dict[str, Any]], shared: dict[str, Any]) -> dict[str, Any]:
+    params = {key: [p[key] for p in per_model] for key in ("density", "gamma")}
+    return {**params, "weights": [p["weight"] for p in per_model], **shared}
+
+
+def _ambiguous(
+    fam: Family, names: list[str], per_model: list[dict[str, Any]], name: str
+) -> torch.Tensor:
+    """Entries whose breadcrumbs mask depends on how mergekit's (unstable) sort orders equal
+    |δ| at a cut, for any of the models."""
+    base = load(fam.base)[name].float()
+    layer = layer_of(name)
+    found = torch.zeros_like(base, dtype=torch.bool)
+    for model, p in zip(names, per_model, strict=True):
+        delta = load(getattr(fam, model))[name].float() - base
+
+        def value(v: Any) -> float:
+            return gradient(v, layer, fam.num_layers) if isinstance(v, list) else float(v)
+
+        found |= tie_ambiguous(delta, value(p["density"]), value(p["gamma"]))
+    return found
+
+
+@pytest.mark.parametrize("family_name", ["llama32", "llama"])
+@pytest.mark.parametrize(
+    ("method", "per_model", "shared"), BREADCRUMBS_CASES,
+    ids=["plain", "normalize-lambda", "ties", "ties-gradients"],
+)  # fmt: skip
+def test_breadcrumbs_equals_mergekit(
+    method: str, per_model: list[dict[str, Any]], shared: dict[str, Any], family_name: str,
+    request: pytest.FixtureRequest, run_merge: Any, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Equal bits, except where |δ| ties at a cut: mergekit's sort is not stable, so which of
+    equal entries it keeps there is arbitrary (the engine takes them in flat order). bf16
+    deltas tie often; float32 ones rarely."""
+    fam: Family = request.getfixturevalue(family_name)
+    names = ["task", "language"]
+    recipe = {
+        "method": method,
+        "base": fam.base,
+        "models": [getattr(fam, m) for m in names],
+        "params": _as_recipe_params(per_model, shared),
+    }
+    ours = load(run_merge(recipe).out_dir)
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    config = _sparse_config(method, fam, list(zip(names, per_model, strict=True)), shared, dtype)
+    theirs = load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(ours) == set(theirs)
+    bits = torch.int16 if dtype == "bfloat16" else torch.int32
+    ambiguous_total = identical = 0
+    for name, tensor in ours.items():
+        differ = tensor.view(bits) != theirs[name].view(bits)
+        if not differ.any():
+            identical += 1
+            continue
+        ambiguous = _ambiguous(fam, names, per_model, name)
+        assert not (differ & ~ambiguous).any(), f"{name}: differs beyond tied |δ| at the cuts"
+        ambiguous_total += int(ambiguous.sum())
+    print(f"{identical}/{len(ours)} tensors equal bit for bit; {ambiguous_total} tied entries")
+    if dtype == "float32":
+        assert identical >= len(ours) - 4
+
+
+def test_breadcrumbs_rescale_within_rounding_of_mergekit(
+    llama32: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """With rescale, mergekit's float32 norm sums round differently from the engine's exact
+    ones: the results differ by float32 rounding of the scale (and tied |δ| at the cuts)."""
+    names = ["task", "language"]
+    per_model = [{"weight": 0.5, "density": 0.9, "gamma": 0.01},
+                 {"weight": 0.5, "density": 0.6, "gamma": 0.2}]  # fmt: skip
+    shared = {"normalize": True, "rescale": True}
+    recipe = {
+        "method": "breadcrumbs",
+        "base": llama32.base,
+        "models": [llama32.task, llama32.language],
+        "params": _as_recipe_params(per_model, shared),
+    }
+    ours = load(run_merge(recipe).out_dir)
+    config = _sparse_config(
+        "breadcrumbs", llama32, list(zip(names, per_model, strict=True)), shared, "float32"
+    )
+    theirs = load(run_mergekit(config, tmp_path / "mergekit"))
+    base, inputs = load(llama32.base), [load(getattr(llama32, m)) for m in names]
+    eps = torch.finfo(torch.float32).eps
+    for name, tensor in ours.items():
+        ambiguous = _ambiguous(llama32, names, per_model, name)
+        # each scale ≤ 1/density_i = 5/3: a few float32 roundings of Σ 0.5·scale·|δ|
+        magnitude = base[name].abs() + sum(0.5 * (5 / 3) * (m[name] - base[name]).abs()
+                                           for m in inputs)  # fmt: skip
+        assert_within_ulps(
+            tensor[~ambiguous], theirs[name][~ambiguous], 1, name, 8 * eps * magnitude[~ambiguous]
+        )
+
+
+def _dropped_fraction(out: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> float:
+    kept = total = 0
+    for name, b in base.items():
+        if b.dim() == 2:
+            kept, total = kept + int((out[name] != b).sum()), total + b.numel()
+    return kept / total
+
+
+def _kept_by_rank(
+    out: dict[str, torch.Tensor], base: dict[str, torch.Tensor], model: dict[str, torch.Tensor]
+) -> tuple[float, float]:
+    """The shares kept of each row's smallest and largest third of |δ|."""
+    low = high = count = 0
+    for name, b in base.items():
+        if b.dim() != 2:
+            continue
+        ranks = (model[name] - b).abs().argsort(dim=1).argsort(dim=1)
+        kept, third = out[name] != b, b.shape[1] // 3
+        low += int(kept[ranks < third].sum())
+        high += int(kept[ranks >= b.shape[1] - third].sum())
+        count += int((ranks < third).sum())
+    return low / count, high / count
+
+
+@pytest.mark.parametrize(
+    ("method", "parameters"),
+    [("dare_linear", {"density": 0.3}), ("della_linear", {"density": 0.3, "epsilon": 0.2})],
+)
+def test_random_drops_agree_with_mergekit_in_distribution(
+    method: str, parameters: dict[str, Any], llama32: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """One model, weight 1: both tools keep about `density` of the delta, scaled by ‖δ‖₁ over
+    the kept entries' (DARE: ≈ 1/density), and tensor by tensor their scales agree within
+    noise."""
+    recipe = {"method": method, "base": llama32.base, "models": [llama32.task],
+              "params": {**parameters, "weights": [1.0]}}  # fmt: skip
+    ours = load(run_merge(recipe).out_dir)
+    config = _sparse_config(
+        method, llama32, [("task", {"weight": 1.0, **parameters})], {}, "float32"
+    )
+    theirs = load(run_mergekit(config, tmp_path / "mergekit"))
+    base, task = load(llama32.base), load(llama32.task)
+    for out in (ours, theirs):
+        assert abs(_dropped_fraction(out, base) - 0.3) < 0.01
+        if method == "della_linear":  # p = 0.1 … 0.5 by rank in the row
+            low, high = _kept_by_rank(out, base, task)
+            assert abs(low - (0.3 - 0.4 / 3)) < 0.02 and abs(high - (0.3 + 0.4 / 3)) < 0.02
+    ratios = []
+    for name, b in base.items():
+        if b.dim() != 2:
+            continue
+        delta = (task[name] - b).double()
+        scales = []
+        for out in (ours, theirs):
+            kept = out[name] != b
+            scale = delta.abs().sum() / delta[kept].abs().sum()
+            moved = (out[name].double() - b.double())[kept] / delta[kept]
+            assert float((moved - scale).abs().median()) < 1e-4 * float(scale), name
+            scales.append(float(scale))
+        ratios.append(scales[0] / scales[1])
+        if method == "dare_linear":  # DELLA keeps larger entries more often: a smaller scale
+            # ‖kept‖₁/‖δ‖₁ of n entries kept with p = 0.3: sd ≈ 1.25·√(0.7 / (0.3·n))
+            sd = 1.25 * math.sqrt(0.7 / (0.3 * b.numel()))
+            assert all(abs(0.3 * x - 1) < 6 * sd for x in scales), (name, scales)
+    assert abs(statistics.fmean(ratios) - 1) < 0.03, ratios  # ~4 sd
+
+
+@pytest.mark.parametrize(
+    ("method", "parameters"),
+    [("dare_ties", {"density": 0.4}), ("della", {"density": 0.4, "epsilon": 0.1})],
+)
+def test_random_drops_with_consensus_agree_with_mergekit(
+    method: str, parameters: dict[str, Any], llama32: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """Two models, sign consensus: the share of entries the merge changes agrees (it is
+    1 − (1 − density)² ≈ 0.64 before the consensus drops some), and so does the size of the
+    change."""
+    names = ["task", "language"]
+    recipe = {"method": method, "base": llama32.base,
+              "models": [getattr(llama32, m) for m in names],
+              "params": {**parameters, "weights": [1.0, 0.7]}}  # fmt: skip
+    ours = load(run_merge(recipe).out_dir)
+    per_model = [
+        ("task", {"weight": 1.0, **parameters}),
+        ("language", {"weight": 0.7, **parameters}),
+    ]
+    theirs = load(run_mergekit(_sparse_config(method, llama32, per_model, {}, "float32"),
+                               tmp_path / "mergekit"))  # fmt: skip
+    base = load(llama32.base)
+    changed = [_dropped_fraction(out, base) for out in (ours, theirs)]
+    assert abs(changed[0] - changed[1]) < 0.01 and 0.5 < changed[0] < 0.7, changed
+    sizes = [
+        sum(float((out[n].double() - b.double()).abs().sum()) for n, b in base.items())
+        for out in (ours, theirs)
+    ]
+    assert abs(sizes[0] / sizes[1] - 1) < 0.03, sizes

@@ -368,10 +368,78 @@ def test_passthrough_refusals() -> None:
     refused({"merge_method": "passthrough", "models": [{"model": "./a"}]}, "models", "slices")
 
 
+# -- the sparsifying methods -----------------------------------------------------------------
+def sparse_config(method: str, **parameters: Any) -> dict[str, Any]:
+    return {
+        "merge_method": method,
+        "base_model": "./base",
+        "models": models(("./a", {"weight": [0.2, 1.0], "density": 0.3}),
+                         ("./b", {"weight": 0.5})),
+        "parameters": parameters,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "switches", "amounts"),
+    [
+        ("dare_ties", {"normalize": False, "rescale": True}, {}),
+        ("dare_linear", {"normalize": False, "rescale": True}, {}),
+        ("breadcrumbs", {"normalize": False, "rescale": False}, {"gamma": [0.01, 0.01]}),
+        ("breadcrumbs_ties", {"normalize": False, "rescale": False}, {"gamma": [0.01, 0.01]}),
+        ("della", {"normalize": True, "rescale": True}, {"epsilon": [0.15, 0.15]}),
+        ("della_linear", {"normalize": False, "rescale": True}, {"epsilon": [0.15, 0.15]}),
+    ],
+)
+def test_sparsifying_methods_take_mergekits_defaults(
+    method: str, switches: dict[str, bool], amounts: dict[str, list[float]]
+) -> None:
+    """Per-model weights and amounts as written (a gradient stays one), mergekit's density of
+    1.0 where a model has none, and the method's own normalize and rescale."""
+    made = recipe(sparse_config(method))
+    assert (made["method"], made["base"], made["models"]) == (method, "./base", ["./a", "./b"])
+    params = made["params"]
+    assert params["weights"] == [[0.2, 1.0], 0.5]
+    assert params["density"] == [0.3, 1.0]
+    assert params["lambda"] == 1.0 and params["int8_mask"] is False
+    assert {k: params[k] for k in switches} == switches
+    assert {k: params[k] for k in amounts} == amounts
+    random = not method.startswith("breadcrumbs")
+    assert any("drops are random" in w for w in warnings(sparse_config(method))) == random
+
+
+def test_sparsifying_parameters_from_every_place() -> None:
+    config = sparse_config("della", normalize=False, rescale=False, epsilon=0.1,
+                           **{"lambda": [1.0, 2.0], "density": 0.6})  # fmt: skip
+    config["models"][1]["parameters"]["epsilon"] = [{"filter": "mlp", "value": 0.2}]
+    params = recipe(config)["params"]
+    assert params["density"] == [0.3, 0.6]  # the model's own, else the config's
+    assert params["epsilon"] == [
+        0.1,
+        [{"filter": "mlp", "value": 0.2}, {"filter": None, "value": 0.1}],
+    ]
+    assert params["lambda"] == [1.0, 2.0]
+    assert (params["normalize"], params["rescale"]) == (False, False)
+
+
+def test_sparsifying_refusals() -> None:
+    zero = sparse_config("dare_ties")
+    zero["models"][1]["parameters"]["density"] = 0
+    refused(zero, "models.1.parameters.density", "above 0")
+    big = sparse_config("breadcrumbs")
+    big["models"][1]["parameters"]["density"] = 3
+    assert recipe(big)["params"]["density"] == [0.3, 1.0]  # mergekit keeps every entry
+    unweighted = sparse_config("della_linear")
+    del unweighted["models"][1]["parameters"]["weight"]
+    refused(unweighted, "models.1.parameters.weight", "required")
+    refused({**sparse_config("dare_linear"), "base_model": None}, "base_model", "required")
+    spread = sparse_config("della", epsilon=0.4)
+    refused(spread, "merge_method", "params.epsilon")  # density 0.3 ± 0.4 leaves (0, 1)
+
+
 # -- methods ---------------------------------------------------------------------------------
 def test_methods_layerswap_lacks_are_refused_by_name() -> None:
-    config = {"merge_method": "dare_ties", "models": [{"model": "./a"}]}
-    refused(config, "merge_method", "mergekit's dare_ties has no Layerswap counterpart yet")
+    config = {"merge_method": "model_stock", "models": [{"model": "./a"}]}
+    refused(config, "merge_method", "mergekit's model_stock has no Layerswap counterpart yet")
     refused({**config, "merge_method": "magic"}, "merge_method", "not a mergekit 0.1.5 method")
     refused({"models": [{"model": "./a"}]}, "merge_method", "required")
 

@@ -565,8 +565,10 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     response = service.client.get("/v1/methods")
     assert response.status_code == 200
     methods = {m["method"]: m for m in response.json()}
+    sparse = {"dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
+              "della_linear"}  # fmt: skip
     assert set(methods) == {
-        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough"
+        "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "passthrough", *sparse
     }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
@@ -576,6 +578,7 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "linear": "unused",
         "slerp": "unused",
         "passthrough": "unused",
+        **dict.fromkeys(sparse, "required"),
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
@@ -590,6 +593,19 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert density["type"] == "number" and density["default"] == 0.5
     assert density["exclusiveMinimum"] == 0 and density["maximum"] == 1
     assert "lambda" in methods["task_arithmetic"]["params"]  # the name a recipe uses
+    shared = {"weights", "density", "lambda", "normalize", "rescale", "int8_mask"}
+    for name in ("dare_ties", "dare_linear"):
+        assert set(methods[name]["params"]) == shared | {"seed"}
+    for name in ("breadcrumbs", "breadcrumbs_ties"):
+        assert set(methods[name]["params"]) == shared | {"gamma"}
+    for name in ("della", "della_linear"):
+        assert set(methods[name]["params"]) == shared | {"epsilon", "seed"}
+    assert methods["della"]["params"]["normalize"]["default"] is True
+    assert methods["della_linear"]["params"]["normalize"]["default"] is False
+    assert methods["dare_ties"]["params"]["rescale"]["default"] is True
+    assert methods["breadcrumbs"]["params"]["gamma"]["default"] == 0.01
+    assert methods["della"]["params"]["epsilon"]["default"] == 0.15
+    assert methods["dare_ties"]["params"]["seed"]["default"] == 0
     assert "weights" in methods["soup"]["params"]
     assert methods["passthrough"]["required"] == ["slices"]
     for method in methods.values():

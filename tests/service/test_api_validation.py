@@ -144,6 +144,27 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
         "params.weights",
     ),
     (
+        "dare_ties density out of range",
+        {
+            "method": "dare_ties",
+            "base": "base",
+            "models": ["a", "b"],
+            "params": {"density": [0.5, 1.5]},
+        },
+        "params.density.1",
+    ),
+    (
+        "della density ± epsilon outside (0, 1)",
+        {
+            "method": "della",
+            "base": "base",
+            "models": ["a"],
+            "params": {"density": 0.9, "epsilon": 0.2},
+        },
+        "params.epsilon",
+    ),
+    ("breadcrumbs without base", {"method": "breadcrumbs", "models": ["a", "b"]}, "base"),
+    (
         "65 task-arithmetic weights",
         {
             "method": "task_arithmetic",

@@ -234,6 +234,38 @@ def test_a_layer_swap_fetches_only_the_bytes_of_the_tensors_it_reads(
         assert torch.equal(tensor, expected_tensor), name
 
 
+def test_a_sparsifying_merge_fetches_the_base_it_takes_deltas_from(
+    service: Service, hub: Any, experts: dict[str, str], sharded_family: Path, tmp_path: Path
+) -> None:
+    """dare_ties reads the base's every tensor as well as the models': the fetch gets its
+    ranges too, and the output equals the same merge of local copies."""
+    from engine.merge import MergeOptions, merge
+    from engine.recipe import parse_recipe
+
+    upload(hub, "org/base", sharded_family / "base")
+    params = {"density": 0.5, "weights": [1.0, 0.7], "seed": 5}
+    recipe = {"method": "dare_ties", "base": "hf://org/base",
+              "models": ["hf://org/math", "hf://org/swh"], "params": params,
+              "output": {"name": "dare"}}  # fmt: skip
+    done = service.wait(service.submit(recipe)["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["result"]["resolved_weights"] == {"models": [1.0, 0.7], "seed": 5}
+    for shard in (sharded_family / "base").glob("*.safetensors"):
+        assert hub.bytes_served("org/base", shard.name) > shard_layout(shard)[0], shard.name
+    local = {**recipe, "base": str(sharded_family / "base"), "output": {},
+             "models": [str(sharded_family / m) for m in ("math", "swh")]}  # fmt: skip
+    merge(
+        parse_recipe(local), tmp_path / "local", resolve=Path, options=MergeOptions(durable=False)
+    )
+    expected, merged = (
+        load(tmp_path / "local"),
+        load(service.settings.artifacts_dir / "default" / "dare"),
+    )
+    assert merged.keys() == expected.keys()
+    for name, tensor in merged.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
 def test_aligned_vocabularies_fetch_the_rows_they_fill_from(
     service: Service, hub: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

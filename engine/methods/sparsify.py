@@ -1,0 +1,210 @@
+"""What mergekit's sparsifying task-vector methods share: DARE, breadcrumbs and DELLA, each with
+and without TIES's sign consensus, as mergekit 0.1.5's generalized task arithmetic makes them.
+
+Per tensor, with δᵢ = Tᵢ − base for each model i (float32 throughout):
+
+1. thin δᵢ: zero all but about a `density` fraction of its entries, chosen by the method
+   (dare.py: at random; breadcrumbs.py: neither the smallest nor the largest |δᵢ|; della.py: at
+   random, larger |δᵢ| likelier); with `rescale`, multiply what is kept by ‖δᵢ‖₁ / ‖kept‖₁;
+2. weigh: dᵢ = wᵢ·thinned δᵢ;
+3. merge: with consensus, elect the sign of Σ dᵢ per entry (zero counts as +), sum the dᵢ of
+   that sign and, with `normalize`, divide by the Σ wᵢ of those (0 → 1); without consensus,
+   Σ dᵢ, divided by Σ wᵢ (|Σ wᵢ| < 1e-8 → 1) with `normalize`;
+4. out = base + λ·merged.
+
+Weights and the per-model amounts (density, gamma, epsilon) may vary by layer or tensor name
+(engine/gradients.py), as mergekit's do; they are resolved per tensor into its `Thinning`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from engine.errors import RecipeError
+from engine.gradients import Condition, Setting, position, resolve
+from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.plan import Dropping, Op, SparsifySettings, Term, Thinning
+from engine.recipe_parts import MAX_MODELS, ModelsRecipe, Source, Strict
+
+PerModel = float | Annotated[list[Setting], Field(min_length=1, max_length=MAX_MODELS)]
+PER_MODEL_HELP = "one number for every model, or a list with one setting per model"
+# The values each per-model amount may take (every number a setting names is checked).
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "density": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+    "gamma": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "epsilon": (lambda v: 0.0 <= v < 0.5, "in [0, 0.5)"),
+}
+MAX_SEED = 2**63 - 1
+
+
+class SparsifyParams(Strict):
+    model_config = ConfigDict(populate_by_name=True)
+    # The per-model amounts besides the weights, each a field of this name (RANGES).
+    AMOUNTS: ClassVar[tuple[str, ...]] = ("density",)
+
+    weights: (
+        Literal["uniform"] | Annotated[list[Setting], Field(min_length=1, max_length=MAX_MODELS)]
+    ) = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
+    )
+    density: PerModel = Field(
+        0.5, description=f"fraction of each delta kept, in (0, 1]: {PER_MODEL_HELP}"
+    )
+    lambda_: Setting = Field(1.0, alias="lambda", description="scale of the merged delta")
+    normalize: bool = Field(False, description="divide by the sum of the (agreeing) weights")
+    rescale: bool = Field(
+        False, description="scale each thinned delta back to its original L1 norm"
+    )
+    int8_mask: bool = Field(
+        False, description="accepted as in mergekit configs; it does not change the result"
+    )
+
+    def random_seed(self) -> int | None:
+        """The seed of the random drops; None for a method that drops none at random."""
+        return None
+
+    def check(self, models: int) -> None:
+        """Raise ValueError naming the field of a value that fits no tensor."""
+        if isinstance(self.weights, list) and len(self.weights) != models:
+            raise ValueError(f"params.weights has {len(self.weights)} entries for {models} models")
+        for amount in self.AMOUNTS:
+            value = getattr(self, amount)
+            if isinstance(value, list) and len(value) != models:
+                raise ValueError(
+                    f"params.{amount} has {len(value)} entries for {models} models "
+                    f"({PER_MODEL_HELP})"
+                )
+            allowed, expected = RANGES[amount]
+            for setting, field in per_model(value, f"params.{amount}", models):
+                for number in numbers(setting):
+                    if not allowed(number):
+                        raise ValueError(f"{field} must be {expected} (got {number})")
+
+    def check_tensor(self, thinning: Thinning, fields: dict[str, list[str]], name: str) -> None:
+        """Raise RecipeError for amounts that do not fit together on one tensor."""
+
+
+class SparsifyRecipe(ModelsRecipe):
+    base: Source
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    params: SparsifyParams = SparsifyParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        self.params.check(len(self.models))
+        return self
+
+
+def per_model(value: Any, field: str, models: int) -> list[tuple[Setting, str]]:
+    """(setting, its field) for each model: a shared number, or the list's entries."""
+    if isinstance(value, list):
+        return [(setting, f"{field}.{i}") for i, setting in enumerate(value)]
+    return [(value, field)] * models
+
+
+def numbers(setting: Setting) -> Iterator[float]:
+    """Every number a setting names: what it resolves to always lies among or between them."""
+    if isinstance(setting, float | int):
+        yield float(setting)
+        return
+    for item in setting:
+        if isinstance(item, Condition):
+            yield from numbers(item.value)
+        else:
+            yield float(item)
+
+
+def plan_sparsify(
+    recipe: SparsifyRecipe, inputs: Inputs, *, dropping: Dropping, consensus: bool
+) -> MethodPlan:
+    models = inputs.indices("model")
+    base = inputs.base
+    assert base is not None  # the recipe requires it
+    q = recipe.params
+    count = len(models)
+    weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", count)
+    amounts = {a: per_model(getattr(q, a), f"params.{a}", count) for a in q.AMOUNTS}
+    settings = [s for s, _ in weights] + [s for a in amounts.values() for s, _ in a]
+    num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
+
+    def value(setting: Setting, field: str, name: str, at: float) -> float:
+        found = resolve(setting, name=name, at=at)
+        if found is None:
+            raise RecipeError.for_field(field, f"no filter matches {name}")
+        return found
+
+    def values(pairs: Sequence[tuple[Setting, str]], name: str, at: float) -> tuple[float, ...]:
+        return tuple(value(setting, field, name, at) for setting, field in pairs)
+
+    def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        resolved = values(weights, name, position(layer, num_layers))
+        return "sparsify", tuple(map(Term, models, resolved)), recipe.method
+
+    def thinning(name: str, layer: int | None) -> Thinning:
+        at = position(layer, num_layers)
+        found = {a: values(pairs, name, at) for a, pairs in amounts.items()}
+        made = Thinning(
+            densities=found["density"],
+            lambda_=value(q.lambda_, "params.lambda", name, at),
+            gammas=found.get("gamma", ()),
+            epsilons=found.get("epsilon", ()),
+        )
+        q.check_tensor(made, {a: [f for _, f in pairs] for a, pairs in amounts.items()}, name)
+        return made
+
+    seed = q.random_seed()
+    numeric = [float(s) for s, _ in weights if isinstance(s, float | int)]
+    # "models" promises one float per input (the lineage records them), as ties' does
+    resolved: dict[str, Any] = (
+        {"models": numeric}
+        if len(numeric) == count
+        else {"weights": [s if isinstance(s, float | int) else "varies" for s, _ in weights]}
+    )
+    if seed is not None:
+        resolved["seed"] = seed
+    return MethodPlan(
+        rule=rule,
+        config_input=models[0],
+        tokenizer_input=models[0],
+        sparsify=SparsifySettings(base, dropping, consensus, q.normalize, q.rescale, seed),
+        thinning=thinning,
+        resolved_weights=resolved,
+    )
+
+
+def sparsify_method(
+    *,
+    name: str,
+    recipe: type[SparsifyRecipe],
+    params: type[SparsifyParams],
+    dropping: Dropping,
+    consensus: bool,
+    summary: str,
+    title: str,
+    tags: tuple[str, ...],
+) -> Method:
+    return Method(
+        name=name,
+        recipe=recipe,
+        params=params,
+        plan=partial(plan_sparsify, dropping=dropping, consensus=consensus),
+        summary=summary,
+        title=title,
+        tags=tags,
+        base="required",
+    )
+
+
+def spread_fits(density: float, epsilon: float) -> bool:
+    """Whether DELLA's keep probabilities density ± epsilon lie in (0, 1), as they must
+    wherever it thins (density < 1)."""
+    return density >= 1.0 or (density - epsilon > 0.0 and density + epsilon < 1.0)
+
+
+SPREAD_HELP = "density ± epsilon must lie in (0, 1)"
