@@ -122,6 +122,18 @@ def configs(llama: Family, llama32: Family) -> dict[str, dict[str, Any]]:
             "parameters": {"nuslerp_flatten": [{"filter": "mlp", "value": False}]},
             "dtype": "float32",
         },
+        "nuslerp-models": {  # no base: of the models themselves; columns in attention
+            "models": [
+                {"model": m32("task"), "parameters": {"weight": 0.3}},
+                {"model": m32("task2"), "parameters": {"weight": [0.9, 0.1]}},
+            ],
+            "merge_method": "nuslerp",
+            "parameters": {
+                "nuslerp_flatten": False,
+                "nuslerp_row_wise": [{"filter": "self_attn", "value": True}],
+            },
+            "dtype": "float32",
+        },
         "model_stock": {
             "models": [{"model": m32(x)} for x in ("base", "task", "language", "task2")],
             "merge_method": "model_stock",
@@ -159,7 +171,7 @@ def merge_config(config: dict[str, Any], tmp_path: Path, *args: str) -> Any:
 @pytest.mark.parametrize(
     "case",
     ["linear", "slerp", "ties", "task_arithmetic", "breadcrumbs", "breadcrumbs_ties",
-     "passthrough", "nuslerp", "model_stock"],
+     "passthrough", "nuslerp", "nuslerp-models", "model_stock"],
 )  # fmt: skip
 def test_a_mergekit_config_merges_as_mergekit_does(
     case: str, llama: Family, llama32: Family, tmp_path: Path

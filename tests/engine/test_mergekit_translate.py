@@ -379,6 +379,10 @@ def test_nuslerp_refusals() -> None:
     switch = {"merge_method": "nuslerp", "models": three[:2],
               "parameters": {"nuslerp_flatten": "sometimes"}}  # fmt: skip
     refused(switch, "parameters.nuslerp_flatten", "not true or false")
+    outside = {"merge_method": "nuslerp", "base_model": "./c",  # mergekit: not among the inputs
+               "slices": [{"sources": [{"model": m, "layer_range": [0, 6], "parameters":
+                                        {"weight": 1}} for m in ("./a", "./b")]}]}  # fmt: skip
+    refused(outside, "base_model", "not one of the slice's sources")
 
 
 def test_model_stock() -> None:
