@@ -33,7 +33,9 @@ def weighted(read: Read, tensor: TensorPlan, start: int, count: int) -> torch.Te
     for i, term in enumerate(tensor.terms):
         x = read(term.source, start, count).view(1, -1)
         if total is None:
-            coefficients = torch.tensor([[t.coefficient for t in tensor.terms]], dtype=x.dtype)
+            coefficients = torch.tensor(
+                [[t.coefficient for t in tensor.terms]], dtype=x.dtype, device=x.device
+            )
             total = torch.zeros_like(x)
         assert coefficients is not None
         total.addcmul_(x, coefficients[:, i : i + 1])

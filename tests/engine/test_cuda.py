@@ -2,8 +2,9 @@
 there the CPU-only behaviour is tested by test_output_safety.py::test_cuda_device). Every method
 merged on the GPU must give what the CPU gives: the arithmetic is the same float32 elementwise
 work, so linear methods are byte-identical, and so are the sparsifying ones (Philox bits,
-exact selections and sums); TIES's top-k selection is compared numerically (ties between equal
-magnitudes may be broken differently by the two devices' sort)."""
+exact selections and sums); TIES's top-k selection and slerp are compared numerically (ties
+between equal magnitudes may be broken differently by the two devices' sort; slerp's norms and
+dot are sums, which the GPU adds up in another order)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tests.conftest import Family
 from tests.reference import load
 
 pytestmark = pytest.mark.gpu
+# Compared numerically: TIES's top-k ties and slerp's norms and dot (sums in another order)
+NUMERIC = ("ties", "slerp")
 
 
 def recipes(fam: Family) -> dict[str, dict[str, Any]]:
@@ -44,15 +47,18 @@ def recipes(fam: Family) -> dict[str, dict[str, Any]]:
         "della_linear": {"method": "della_linear", "base": fam.base,
                          "models": [fam.task, fam.language],
                          "params": {"density": 0.5, "epsilon": 0.2, "lambda": 1.2}},
+        "linear": {"method": "linear", "models": [fam.task, fam.language],
+                   "params": {"weights": [0.3, 0.6], "normalize": True}},
+        "slerp": {"method": "slerp", "models": [fam.base, fam.language], "params": {"t": 0.3}},
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "method",
     ["layer_swap", "transitions", "soup", "task_arithmetic", "ties", "dare_ties",
-     "breadcrumbs_ties", "della_linear"],
+     "breadcrumbs_ties", "della_linear", "linear", "slerp"],
 )  # fmt: skip
-@pytest.mark.parametrize("chunk_elements", [1 << 12, 1 << 22])
+@pytest.mark.parametrize("chunk_elements", [1 << 10, 1 << 12, 1 << 22])
 def test_gpu_merge_equals_cpu_merge(
     method: str, chunk_elements: int, llama: Family, run_merge: Any, tmp_path: Path
 ) -> None:
@@ -62,11 +68,11 @@ def test_gpu_merge_equals_cpu_merge(
     gpu_tensors, cpu_tensors = load(gpu.out_dir), load(cpu.out_dir)
     assert gpu_tensors.keys() == cpu_tensors.keys()
     for name, tensor in cpu_tensors.items():
-        if method == "ties":
+        if method in NUMERIC:
             torch.testing.assert_close(gpu_tensors[name], tensor, msg=name)
         else:
             torch.testing.assert_close(gpu_tensors[name], tensor, rtol=0, atol=0, msg=name)
-    if method != "ties":  # same bytes, so the same sha256 per weights file
+    if method not in NUMERIC:  # same bytes, so the same sha256 per weights file
         weights = {n: d for n, d in cpu.files.items() if n.endswith(".safetensors")}
         assert weights and {n: gpu.files[n] for n in weights} == weights
 
