@@ -3,7 +3,8 @@ there the CPU-only behaviour is tested by test_output_safety.py::test_cuda_devic
 merged on the GPU must give what the CPU gives: the arithmetic is the same float32 elementwise
 work, so linear methods are byte-identical, and so are the sparsifying ones (Philox bits,
 exact selections and sums); TIES's top-k selection is compared numerically (ties between equal
-magnitudes may be broken differently by the two devices' sort)."""
+magnitudes may be broken differently by the two devices' sort), and so are nuslerp and
+model_stock, whose norms and dot products each device sums in its own order."""
 
 from __future__ import annotations
 
@@ -44,13 +45,21 @@ def recipes(fam: Family) -> dict[str, dict[str, Any]]:
         "della_linear": {"method": "della_linear", "base": fam.base,
                          "models": [fam.task, fam.language],
                          "params": {"density": 0.5, "epsilon": 0.2, "lambda": 1.2}},
+        "nuslerp": {"method": "nuslerp", "base": fam.base, "models": [fam.task, fam.language],
+                    "params": {"weights": [1.0, 2.0], "nuslerp_flatten": False}},
+        "model_stock": {"method": "model_stock", "base": fam.base,
+                        "models": [fam.task, fam.language, fam.language2]},
     }  # fmt: skip
+
+
+# Summed in another order on the GPU: compared numerically, not by their bytes.
+NUMERIC = ("ties", "nuslerp", "model_stock")
 
 
 @pytest.mark.parametrize(
     "method",
     ["layer_swap", "transitions", "soup", "task_arithmetic", "ties", "dare_ties",
-     "breadcrumbs_ties", "della_linear"],
+     "breadcrumbs_ties", "della_linear", "nuslerp", "model_stock"],
 )  # fmt: skip
 @pytest.mark.parametrize("chunk_elements", [1 << 12, 1 << 22])
 def test_gpu_merge_equals_cpu_merge(
@@ -62,11 +71,11 @@ def test_gpu_merge_equals_cpu_merge(
     gpu_tensors, cpu_tensors = load(gpu.out_dir), load(cpu.out_dir)
     assert gpu_tensors.keys() == cpu_tensors.keys()
     for name, tensor in cpu_tensors.items():
-        if method == "ties":
+        if method in NUMERIC:
             torch.testing.assert_close(gpu_tensors[name], tensor, msg=name)
         else:
             torch.testing.assert_close(gpu_tensors[name], tensor, rtol=0, atol=0, msg=name)
-    if method != "ties":  # same bytes, so the same sha256 per weights file
+    if method not in NUMERIC:  # same bytes, so the same sha256 per weights file
         weights = {n: d for n, d in cpu.files.items() if n.endswith(".safetensors")}
         assert weights and {n: gpu.files[n] for n in weights} == weights
 
