@@ -658,6 +658,7 @@ def summarize(results: list[CaseResult]) -> list[dict[str, Any]]:
             "method": r.method, "tool": r.tool + (f" {r.variant}" if r.variant else ""),
             "command": r.command,
             "median_wall_s": round(r.median_wall_s, 2), "peak_rss_mb": round(r.peak_rss_mb),
+            "median_cpu_s": round(statistics.median(m.cpu_s for m in r.runs), 2),
             "walls_s": [round(m.wall_s, 2) for m in r.runs],
             "rss_mb": [round(m.max_rss_kb * 1024 / 1e6) for m in r.runs],
             "cpu_s": [round(m.cpu_s, 1) for m in r.runs],
@@ -685,20 +686,24 @@ def markdown(report: dict[str, Any]) -> str:
         f"{setup['warmup']} warm-up run(s) per case; peak RSS is the largest "
         '`/usr/bin/time -v` "Maximum resident set size" over the timed runs.',
         "",
-        "| method | tool | median wall s | peak RSS MB | speed-up vs mergekit | wall / cp wall |",
-        "|---|---|---:|---:|---:|---:|",
+        "| method | tool | median wall s | median CPU s | CPU ns / parameter | peak RSS MB "
+        "| speed-up vs mergekit | wall / cp wall |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
         speedup = "—" if row["speedup_vs_mergekit"] is None else f"{row['speedup_vs_mergekit']}×"
         vs_cp = "—" if row["wall_vs_cp"] is None else f"{row['wall_vs_cp']}×"
+        cpu = row.get("median_cpu_s", 0.0)
         lines.append(
-            f"| {row['method']} | {row['tool']} | {row['median_wall_s']:.2f} | "
-            f"{row['peak_rss_mb']} | {speedup} | {vs_cp} |"
+            f"| {row['method']} | {row['tool']} | {row['median_wall_s']:.2f} | {cpu:.2f} | "
+            f"{cpu / setup['params_b']:.2f} | {row['peak_rss_mb']} | {speedup} | {vs_cp} |"
         )
     lines += [
         "",
         "speed-up vs mergekit = mergekit's median wall / this row's (same method); "
-        "wall / cp wall = this row's median wall / the median wall of `cp -r` of one input.",
+        "wall / cp wall = this row's median wall / the median wall of `cp -r` of one input; "
+        "CPU = user + system time of the command and its children (on a shared machine less "
+        "noisy than wall time), per parameter of one model.",
         "",
         f"Command: `{setup['command']}`",
         "",

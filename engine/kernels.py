@@ -16,12 +16,13 @@ from functools import partial
 import torch
 
 from engine.angles import RULES, AngleMerge
-from engine.interpolation_kernels import Read, Slerp, weighted
+from engine.interpolation_kernels import Read, ReadInto, Slerp, weighted
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.selection import ChunkSource, TopK, top_k, trim_
 from engine.sparse_torch import SparseMerge
 from engine.tensor_io import TORCH_DTYPES, read_planned
+from engine.workspace import Workspace
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
 Compute = Callable[[int, int], torch.Tensor]
@@ -50,9 +51,13 @@ class Kernels:
         self.compute_elements = max(1, chunk_elements // 4)
         # Top-k selection gathers |δ| of a tensor of up to 8 chunks (every layer weight at the
         # default) into one buffer and partitions it: one pass, where the radix select that
-        # larger tensors need makes two and histograms both (measured ~3x slower).
+        # larger tensors need makes two and histograms both (measured ~3x slower). Slerp keeps
+        # both inputs of such a tensor, widened, between its three passes.
         self.selection_elements = chunk_elements
         self.selection_in_memory = 8 * chunk_elements
+        self.workspace = Workspace(self.device)
+        # bytes as read, before they are widened into the device's buffers
+        self._staging = Workspace(torch.device("cpu"))
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
@@ -89,11 +94,18 @@ class Kernels:
             "task_arithmetic": lambda tensor: partial(self._task_arithmetic, tensor),
             "weighted_sum": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
-            "slerp": lambda tensor: (
-                Slerp(self._reader(tensor), tensor, self.selection_elements).chunk
-            ),
+            "slerp": lambda tensor: self._slerp(tensor).chunk,
             "sparsify": self._sparse_computation,
         }
+
+    def _slerp(self, tensor: TensorPlan) -> Slerp:
+        info = self.plan.checkpoints[tensor.terms[0].source].tensors[tensor.read_name]
+        wide = _wide(TORCH_DTYPES[info.dtype])  # both inputs have one dtype (validate.py)
+        return Slerp(
+            self._reader_into(tensor), tensor, step=self.selection_elements,
+            cache_elements=self.selection_in_memory, workspace=self.workspace,
+            dtype=wide, output=TORCH_DTYPES[tensor.dtype],
+        )  # fmt: skip
 
     def _reader(self, tensor: TensorPlan) -> Read:
         def read(source: int, start: int, count: int) -> torch.Tensor:
@@ -109,6 +121,13 @@ class Kernels:
         )
         return merge.chunk
 
+    def _reader_into(self, tensor: TensorPlan) -> ReadInto:
+        def read_into(source: int, start: int, out: torch.Tensor) -> None:
+            self.check_cancel()
+            self._read_into(source, tensor.read_name, start, out)
+
+        return read_into
+
     def _ties_computation(self, tensor: TensorPlan) -> Compute:
         selections = self._ties_selections(tensor)
         ties_left = [top.ties if top else 0 for top in selections]
@@ -121,8 +140,21 @@ class Kernels:
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
         raw = read_planned(self.plan, source, name, start, count)
-        wide = torch.float64 if raw.dtype == torch.float64 else torch.float32
-        return raw.to(self.device).to(wide)
+        return raw.to(self.device).to(_wide(raw.dtype))
+
+    def _read_into(self, source: int, name: str, start: int, out: torch.Tensor) -> None:
+        """`out.numel()` elements of input `source`'s tensor `name` from `start`, widened into
+        `out` (contiguous, on the device): read straight into it when nothing is to be widened
+        on the CPU, else through a staging buffer that is kept (workspace.py)."""
+        info = self.plan.checkpoints[source].tensors[name]
+        dtype = TORCH_DTYPES[info.dtype]
+        if out.device.type == "cpu" and dtype == out.dtype:
+            self.plan.read_into(source, name, out.view(torch.uint8).numpy().data,
+                                start * info.itemsize)  # fmt: skip
+            return
+        raw = self._staging.take("read", torch.uint8, out.numel() * info.itemsize)
+        self.plan.read_into(source, name, raw.numpy().data, start * info.itemsize)
+        out.copy_(raw.view(dtype))
 
     def _linear(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
         acc: torch.Tensor | None = None
@@ -240,3 +272,8 @@ class Kernels:
                 up.add_(sign.clamp_min(0.0), alpha=c)
                 down.sub_(sign.clamp_max_(0.0), alpha=c)
         return positive, negative, up, down
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The arithmetic dtype for inputs of `dtype`: float64 for F64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

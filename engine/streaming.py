@@ -3,10 +3,10 @@
 Copies are handed over first, as file ranges (never decoded, no memory held), so the writer
 can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
 in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
-Linear plans on the CPU compute in numpy (linear_kernels.py), TIES and the sparsifying methods
-on the CPU in numba-compiled loops (ties_kernels.py, sparse_kernels.py), nuslerp and model_stock
-in numba and torch (angle_kernels.py); torch, seconds to import, is loaded only for the rest
-(CUDA, float64), while the copies are written.
+Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
+every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py), nuslerp and model_stock in
+numba and torch (angle_kernels.py); torch, seconds to import, is loaded only for the rest (CUDA,
+float64, slerp), while the copies are written.
 Cancellation is checked between tensors and chunks; progress is reported between chunks and,
 while the last writes drain, every half second.
 """
@@ -155,13 +155,12 @@ class ChunkKernels(Protocol):
 def _kernels(
     plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
 ) -> ChunkKernels:
-    """numpy for linear plans on the CPU, numba for TIES and the sparsifying methods on the
-    CPU, numba and torch for nuslerp and model_stock on the CPU; torch (seconds to import, while
-    the copies run) for the rest. numba and torch are imported here, when a plan needs them: a
-    linear merge never loads either. numpy too is imported here, by the first computed tensor:
-    its BLAS thread pool starts with it, so a process that plans, copies or serves the API never
-    starts one, and `layerswap worker --nice` lowers the priority of the process before any of
-    its threads exists."""
+    """numba for linear plans, TIES and the sparsifying methods on the CPU, numba and torch for
+    nuslerp and model_stock; torch (seconds to import, while the copies run) for the rest. numba
+    and torch are imported here, when a plan needs them. numpy too is imported here, by the
+    first computed tensor: its BLAS thread pool starts with it, so a process that plans, copies
+    or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
+    process before any of its threads exists."""
     from engine import linear_kernels
 
     if linear_kernels.handles(plan, device):

@@ -19,14 +19,13 @@ from engine.mergekit.config import (
     IsLocal,
     MergekitConfig,
     dtype_name,
-    mapping,
-    model_source,
     read,
     whole_models,
 )
 from engine.mergekit.methods import METHODS, NOT_YET, Method
 from engine.mergekit.origin import MergekitOrigin
-from engine.recipe import Recipe, named_sources, parse_recipe
+from engine.mergekit.tokenizer import tokenizer_source
+from engine.recipe import Recipe, parse_recipe
 
 __all__ = ["MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
 _NARROW = ("bfloat16", "float16")  # mergekit's arithmetic in these is less precise than ours
@@ -65,17 +64,18 @@ def translate(
         recipe["credential"] = credential
     if data.get("chat_template") is not None:
         raise RecipeError.for_field(
-            "chat_template", "not supported: the output takes its first model's tokenizer as is"
+            "chat_template", "not supported: the output keeps its tokenizer's own chat template"
         )
+    tokenizer = tokenizer_source(data, config, recipe, is_local)
     fields = _source_fields(config, recipe)
+    if tokenizer is not None:
+        fields["tokenizer_source"] = tokenizer
     parsed = _parse(recipe, fields)
-    tokenizer = _tokenizer(data, config, parsed, is_local)
     origin = MergekitOrigin(
         json.loads(json.dumps(data, default=str)),  # JSON for the manifest (YAML has dates)
         tuple(config.warnings),
         config.depth,
         fields,
-        tokenizer,
     )
     return Translated(parsed, origin)
 
@@ -182,46 +182,3 @@ def _parse(recipe: dict[str, Any], fields: dict[str, str]) -> Recipe:
         raise RecipeError.for_field(
             "merge_method", f"the translated recipe's {where}: {problem}"
         ) from None
-
-
-def _tokenizer(
-    data: dict[str, Any], config: MergekitConfig, recipe: Recipe, is_local: IsLocal
-) -> tuple[str, int] | None:
-    """mergekit's tokenizer_source (or tokenizer.source): the field and the recipe input whose
-    tokenizer it names. Layerswap copies its first model's tokenizer and never rebuilds a
-    vocabulary, so the named one must be an input whose tokenizer is the same (checked with
-    the files: MergekitOrigin.apply)."""
-    where, wanted = _tokenizer_setting(data)
-    if where is None:
-        return None
-    if wanted == "union":
-        raise RecipeError.for_field(
-            where, "'union' (a vocabulary built from every model's) is not supported: Layerswap "
-            "copies one model's tokenizer"
-        )  # fmt: skip
-    if wanted == "base":
-        if config.base is None:
-            raise RecipeError.for_field(where, "'base' needs a base_model")
-        source = config.base.source
-    else:
-        source = model_source(wanted, where, is_local)
-    found = [i for i, n in enumerate(named_sources(recipe)) if n.source == source]
-    if not found:
-        raise RecipeError.for_field(where, f"{source} is not one of the merged models")
-    return where, found[0]
-
-
-def _tokenizer_setting(data: dict[str, Any]) -> tuple[str | None, Any]:
-    named = data.get("tokenizer_source")
-    if data.get("tokenizer") is None:
-        return ("tokenizer_source", named) if named is not None else (None, None)
-    if named is not None:
-        raise RecipeError.for_field("tokenizer", "give tokenizer_source or tokenizer, not both")
-    block = mapping(data["tokenizer"], "tokenizer")
-    if unknown := set(block) - {"source", "tokens", "pad_to_multiple_of"}:
-        raise RecipeError.for_field(f"tokenizer.{sorted(unknown)[0]}", "unknown field")
-    for key in ("tokens", "pad_to_multiple_of"):
-        if block.get(key) is not None:
-            raise RecipeError.for_field(f"tokenizer.{key}", "not supported: Layerswap does "
-                                        "not edit the vocabulary")  # fmt: skip
-    return "tokenizer.source", block.get("source", "union")

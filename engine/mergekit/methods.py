@@ -258,8 +258,8 @@ def nuslerp(config: MergekitConfig) -> dict[str, Any]:
         for name, default in (("nuslerp_flatten", True), ("nuslerp_row_wise", False))
     }
     translated = {"method": "nuslerp", "models": [m.source for m in models], "params": params}
-    if config.base is not None:
-        translated["base"] = config.base.source
+    if config.base is not None:  # a slice's sources must hold it, as mergekit checks
+        translated["base"] = _require_base(config).source
     return translated
 
 

@@ -4,6 +4,7 @@ refusal named by the mergekit field. Pure: no checkpoints (test_mergekit_configs
 
 from __future__ import annotations
 
+from array import array
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from engine.errors import RecipeError
 from engine.gradients import position, resolve
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.recipe import recipe_to_dict
+from engine.vocabulary import EVERY, MEAN
 
 
 def local(path: str) -> bool:
@@ -377,6 +379,10 @@ def test_nuslerp_refusals() -> None:
     switch = {"merge_method": "nuslerp", "models": three[:2],
               "parameters": {"nuslerp_flatten": "sometimes"}}  # fmt: skip
     refused(switch, "parameters.nuslerp_flatten", "not true or false")
+    outside = {"merge_method": "nuslerp", "base_model": "./c",  # mergekit: not among the inputs
+               "slices": [{"sources": [{"model": m, "layer_range": [0, 6], "parameters":
+                                        {"weight": 1}} for m in ("./a", "./b")]}]}  # fmt: skip
+    refused(outside, "base_model", "not one of the slice's sources")
 
 
 def test_model_stock() -> None:
@@ -560,21 +566,100 @@ def test_field_refusals() -> None:
     refused(linear_config(out_dtype="int8"), "out_dtype")
     refused(linear_config(chat_template="chatml"), "chat_template", "not supported")
     refused(linear_config(modules={"text": {}}), "modules")
-    refused(linear_config(tokenizer_source="union"), "tokenizer_source", "'union'")
-    refused(linear_config(tokenizer={"source": "./a", "tokens": {"<x>": {}}}), "tokenizer.tokens")
-    refused(linear_config(tokenizer={}), "tokenizer.source", "'union'")
-    refused(linear_config(tokenizer_source="./c"), "tokenizer_source", "not one of the merged")
-    refused(linear_config(tokenizer_source="base"), "tokenizer_source", "needs a base_model")
     refused(linear_config(name="has space"), "name")
     refused({"merge_method": "linear"}, "models", "exactly one of models and slices")
     refused(linear_config(parameters=[1]), "parameters", "mapping")
 
 
-def test_tokenizer_source_names_an_input_checked_with_the_files() -> None:
-    translated = translate(linear_config(tokenizer_source="./b"), is_local=local)
-    assert translated.origin.tokenizer == ("tokenizer_source", 1)
-    via_base = translate({**ties_config(), "tokenizer": {"source": "base"}}, is_local=local)
-    assert via_base.origin.tokenizer == ("tokenizer.source", 2)  # models, then base
+# -- tokenizer_source ------------------------------------------------------------------------
+def vocabulary_of(config: dict[str, Any]) -> tuple[str | None, str | None, list[str]]:
+    """The translated recipe's tokenizer_source, base and models."""
+    made = recipe(config)
+    return made["tokenizer_source"], made["base"], made["models"]
+
+
+@pytest.mark.parametrize("source", ["base", "union"])
+def test_base_and_union_are_built_on_mergekits_base_model(source: str) -> None:
+    # linear: mergekit merges its base_model as one of the models and fills rows from it
+    beside = linear_config(base_model="./base", parameters={"weight": 1}, tokenizer_source=source)
+    assert vocabulary_of(beside) == (source, "./base", ["./a", "./b", "./base"])
+    listed = linear_config(base_model="./b", tokenizer_source=source)
+    assert vocabulary_of(listed) == (source, "./b", ["./a", "./b"])
+    assert vocabulary_of({**ties_config(), "tokenizer_source": source}) == (
+        source, "./base", ["./a", "./b"],
+    )  # fmt: skip
+    slerp = {"merge_method": "slerp", "base_model": "./b", "models": models(("./a", None),
+             ("./b", None)), "parameters": {"t": 0.5}, "tokenizer_source": source}  # fmt: skip
+    assert vocabulary_of(slerp) == (source, None, ["./b", "./a"])  # slerp's base: models.0
+    stacked = {**frankenmerge(), "base_model": "org/b", "tokenizer_source": source}
+    assert vocabulary_of(stacked) == (source, None, ["hf://org/b", "./a"])  # passthrough: first
+    assert recipe(stacked)["params"]["slices"][0]["sources"][0]["model"] == "./a"
+
+
+def test_a_model_as_tokenizer_source_names_the_input() -> None:
+    for written in ("./b", "model:./b", {"model": "./b"}):
+        assert vocabulary_of(linear_config(tokenizer_source=written))[0] == "model:./b"
+    hub = {"merge_method": "linear", "models": models(("org/a@v1", {"weight": 1}),
+           ("./b", {"weight": 1})), "tokenizer": {"source": "org/a@v1"}}  # fmt: skip
+    assert vocabulary_of(hub) == ("model:hf://org/a@v1", None, ["hf://org/a@v1", "./b"])
+    linear = linear_config(base_model="./b", tokenizer_source="./a")  # fills from the base
+    assert vocabulary_of(linear) == ("model:./a", "./b", ["./a", "./b"])
+    assert vocabulary_of(linear_config()) == (None, None, ["./a", "./b"])
+    assert vocabulary_of(linear_config(base_model="./b"))[1] is None  # unused without one
+
+
+def test_tokenizer_block_defaults_to_union_as_mergekits() -> None:
+    assert vocabulary_of(ties_config() | {"tokenizer": {}})[0] == "union"
+    empty: dict[str, Any] = {
+        "source": "base",
+        "tokens": {},
+        "pad_to_multiple_of": None,
+    }  # none, to mergekit
+    assert vocabulary_of(ties_config() | {"tokenizer": empty})[0] == "base"
+
+
+def test_base_or_union_without_a_base_model_is_said() -> None:
+    (said,) = warnings(linear_config(tokenizer_source="union"))
+    assert said.startswith("tokenizer_source union without base_model: mergekit builds the ")
+    assert said.endswith("Layerswap on ./a")
+    assert vocabulary_of(linear_config(tokenizer_source="base")) == ("base", None, ["./a", "./b"])
+
+
+def test_passthrough_rows_differ_from_mergekits_for_tokens_a_model_lacks() -> None:
+    found = warnings({**frankenmerge(), "tokenizer": {"source": "./a"}})
+    assert found == (
+        "tokenizer.source: for a token the model a tensor is copied from lacks, mergekit's "
+        "passthrough writes a zero row; Layerswap writes the row another input has (or their "
+        "mean)",
+    )
+
+
+def test_tokenizer_refusals() -> None:
+    refused(linear_config(tokenizer={"source": "./a", "tokens": {"<x>": {}}}), "tokenizer.tokens")
+    refused(linear_config(tokenizer={"pad_to_multiple_of": 64}), "tokenizer.pad_to_multiple_of")
+    refused(linear_config(tokenizer={"source": "./a", "extra": 1}), "tokenizer.extra", "unknown")
+    refused(linear_config(tokenizer="./a"), "tokenizer", "mapping")
+    refused(linear_config(tokenizer_source="./a", tokenizer={}), "tokenizer", "not both")
+    refused(linear_config(tokenizer_source="./c"), "tokenizer_source", "not one of the merged")
+    refused(linear_config(tokenizer_source="a b"), "tokenizer_source", "neither a local")
+    refused(linear_config(chat_template="chatml"), "chat_template", "not supported")
+    stacked = {**frankenmerge(), "base_model": "./c", "tokenizer_source": "base"}
+    refused(stacked, "tokenizer_source", "base_model ./c, which Layerswap's passthrough does not")
+    sliced = {
+        "merge_method": "slerp", "base_model": "./a", "parameters": {"t": 0.5},
+        "slices": [{"base_model": "./b", "sources": [{"model": "./a", "layer_range": [0, 6]},
+                                                     {"model": "./b", "layer_range": [0, 6]}]}],
+    }  # fmt: skip
+    assert vocabulary_of({**sliced, "tokenizer_source": "./a"})[0] == "model:./a"
+    refused({**sliced, "tokenizer_source": "union"}, "tokenizer_source", "one base for both")
+
+
+def test_a_tokenizer_source_error_from_the_engine_names_the_mergekit_field() -> None:
+    translated = translate(ties_config() | {"tokenizer": {"source": "./a"}}, is_local=local)
+    error = RecipeError.for_field("tokenizer_source", "./a has no tokenizer.json")
+    assert translated.origin.renamed(error, prefix="mergekit.").message == (
+        "mergekit.tokenizer.source: ./a has no tokenizer.json"
+    )
 
 
 def test_name_and_unknown_fields() -> None:
@@ -602,7 +687,7 @@ def test_is_mergekit_config() -> None:
 
 # -- what travels beside the recipe ----------------------------------------------------------
 def plan(num_layers: int | None) -> Any:
-    return SimpleNamespace(num_layers=num_layers, warnings=["a plan's own"], tokenizer_input=0)
+    return SimpleNamespace(num_layers=num_layers, warnings=["a plan's own"], vocabulary=None)
 
 
 def test_the_origin_checks_the_depth_and_adds_its_warnings() -> None:
@@ -629,3 +714,28 @@ def test_the_origin_survives_a_job_record_and_names_sources_mergekits_way() -> N
     )
     other = RecipeError.for_field("params.density", "bad")
     assert origin.renamed(other).message == "params.density: bad"
+
+
+def vocabulary_plan(fill: list[int], dtype: str) -> Any:
+    """The parts of a plan with aligned vocabularies that the origin reads."""
+    head = SimpleNamespace(dtype=dtype)
+    return SimpleNamespace(
+        num_layers=6, warnings=[], vocabulary=SimpleNamespace(
+            fill=array("q", fill), tensors=frozenset({"lm_head.weight"})),
+        checkpoints=[SimpleNamespace(tensors={"lm_head.weight": head})],
+    )  # fmt: skip
+
+
+def test_rows_averaged_in_another_dtype_than_mergekits_are_said() -> None:
+    config = {**ties_config(), "tokenizer": {"source": "union"}, "dtype": "float32"}
+    origin = translate(config, is_local=local).origin
+    averaged = vocabulary_plan([EVERY, MEAN, 0], "BF16")
+    origin.apply(averaged)
+    assert averaged.warnings[-1] == (
+        "tokenizer.source: rows averaged for tokens the base lacks are computed in BF16, the "
+        "checkpoints' dtype; mergekit computes them in float32, so they may differ from "
+        "mergekit's in the last bit"
+    )
+    for plan in (vocabulary_plan([EVERY, 0], "BF16"), vocabulary_plan([MEAN], "F32")):
+        origin.apply(plan)
+        assert not any("averaged" in w for w in plan.warnings)

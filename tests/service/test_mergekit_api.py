@@ -65,6 +65,15 @@ def test_the_same_config_as_a_mapping_with_output_options(service: Service) -> N
     assert service.wait(job["id"])["status"] == "succeeded"
 
 
+def test_a_tokenizer_source_becomes_the_recipes(service: Service) -> None:
+    job = service.submit(with_fields(tokenizer={"source": "swh"}, name=None))
+    assert job["request"]["tokenizer_source"] == f"model:{job['request']['models'][1]}"
+    done = service.wait(job["id"])
+    assert done["status"] == "succeeded", done["error"]
+    manifest = json.loads((Path(done["output"]["location"]) / "layerswap.json").read_text())
+    assert manifest["vocabulary"]["tokenizer_source"] == job["request"]["tokenizer_source"]
+
+
 def refused(service: Service, body: dict[str, Any], field: str, words: str = "") -> str:
     response = service.client.post("/v1/merges", json=body)
     assert response.status_code == 422, response.text
@@ -85,7 +94,8 @@ def with_fields(**fields: Any) -> dict[str, Any]:
         (with_fields(chat_template="chatml"), "mergekit.chat_template", "not supported"),
         (with_fields(merge_method="multislerp"), "mergekit.merge_method", "no Layerswap"),
         (with_fields(dtype="float64"), "mergekit.dtype", "computes in float32"),
-        (with_fields(tokenizer_source="union"), "mergekit.tokenizer_source", "'union'"),
+        (with_fields(tokenizer={"source": "union", "pad_to_multiple_of": 64}),
+         "mergekit.tokenizer.pad_to_multiple_of", "one embedding row per token"),
         ({"mergekit": "merge_method: [linear"}, "mergekit", "not valid YAML"),
         ({"mergekit": "- a list"}, "mergekit", "must be a mapping"),
         ({**with_fields(), "output": {"dtype": "float16"}}, "output.dtype", "out_dtype"),
