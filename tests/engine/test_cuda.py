@@ -2,9 +2,9 @@
 there the CPU-only behaviour is tested by test_output_safety.py::test_cuda_device). Every method
 merged on the GPU must give what the CPU gives: the arithmetic is the same float32 elementwise
 work, so linear methods are byte-identical, and so are the sparsifying ones (Philox bits,
-exact selections and sums); TIES's top-k selection and slerp are compared numerically (ties
-between equal magnitudes may be broken differently by the two devices' sort; slerp's norms and
-dot are sums, which the GPU adds up in another order)."""
+exact selections and sums); TIES's top-k selection, slerp, nuslerp and model_stock are compared
+numerically (ties between equal magnitudes may be broken differently by the two devices' sort;
+the angles' norms and dots are sums, which the GPU adds up in another order)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from tests.conftest import Family
 from tests.reference import load
 
 pytestmark = pytest.mark.gpu
-# Compared numerically: TIES's top-k ties and slerp's norms and dot (sums in another order)
-NUMERIC = ("ties", "slerp")
+# Compared numerically: TIES's top-k ties, and the angles' norms and dots (sums in another order)
+NUMERIC = ("ties", "slerp", "nuslerp", "model_stock")
 
 
 def recipes(fam: Family) -> dict[str, dict[str, Any]]:
@@ -50,13 +50,17 @@ def recipes(fam: Family) -> dict[str, dict[str, Any]]:
         "linear": {"method": "linear", "models": [fam.task, fam.language],
                    "params": {"weights": [0.3, 0.6], "normalize": True}},
         "slerp": {"method": "slerp", "models": [fam.base, fam.language], "params": {"t": 0.3}},
+        "nuslerp": {"method": "nuslerp", "base": fam.base, "models": [fam.task, fam.language],
+                    "params": {"weights": [1.0, 2.0], "nuslerp_flatten": False}},
+        "model_stock": {"method": "model_stock", "base": fam.base,
+                        "models": [fam.task, fam.language, fam.language2]},
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "method",
     ["layer_swap", "transitions", "soup", "task_arithmetic", "ties", "dare_ties",
-     "breadcrumbs_ties", "della_linear", "linear", "slerp"],
+     "breadcrumbs_ties", "della_linear", "linear", "slerp", "nuslerp", "model_stock"],
 )  # fmt: skip
 @pytest.mark.parametrize("chunk_elements", [1 << 10, 1 << 12, 1 << 22])
 def test_gpu_merge_equals_cpu_merge(
