@@ -31,13 +31,12 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import torch
-from numba import types
-from numba.extending import overload
 
 from engine.angles import RULES, Nuslerp, Rule, vectors_of
 from engine.kernels import Kernels
 from engine.memory import keep_freed_memory
 from engine.plan import Plan, TensorPlan
+from engine.sparse_elements import as_float32, store
 
 SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -64,51 +63,6 @@ def handles(plan: Plan, device: str) -> bool:
 
 
 # -- compiled kernels ---------------------------------------------------------------------------
-def _as_float32(value: Any) -> Any:
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(_as_float32, inline="always")
-def _as_float32_impl(value: Any) -> Any:
-    """BF16 arrives as its uint16 bit pattern (the upper half of a float32), F32 as itself
-    (F16 is widened by numpy first)."""
-    if isinstance(value, types.Integer):
-
-        def from_bf16_bits(value: Any) -> Any:
-            return np.uint32(np.uint32(value) << np.uint32(16)).view(np.float32)
-
-        return from_bf16_bits
-
-    def as_is(value: Any) -> Any:
-        return np.float32(value)
-
-    return as_is
-
-
-def _store(out: Any, j: int, value: Any) -> None:
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(_store, inline="always")
-def _store_impl(out: Any, j: Any, value: Any) -> Any:
-    """Into a BF16 output (uint16 bits): round to nearest-even, NaN as the canonical quiet
-    NaN (as torch); into a float32 one: as is."""
-    if isinstance(out.dtype, types.Integer):
-
-        def to_bf16(out: Any, j: Any, value: Any) -> Any:
-            bits = np.float32(value).view(np.uint32)
-            half = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
-            rounded = np.uint16(np.uint32(bits + half) >> np.uint32(16))
-            out[j] = rounded if value == value else np.uint16(0x7FC0)  # a select, not a branch
-
-        return to_bf16
-
-    def as_is(out: Any, j: Any, value: Any) -> Any:
-        out[j] = value
-
-    return as_is
-
-
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
 def _dot(a: Array, b: Array) -> float:
     """Σ a·b of float32 rows, each product exact in float64, summed in whatever order
@@ -137,10 +91,10 @@ def _moments(
                 row, delta = inputs[i, start : start + width], deltas[i]
                 if from_base:
                     for q in range(width):
-                        delta[q] = np.float32(_as_float32(row[q]) - _as_float32(base[q]))
+                        delta[q] = np.float32(as_float32(row[q]) - as_float32(base[q]))
                 else:
                     for q in range(width):
-                        delta[q] = _as_float32(row[q])
+                        delta[q] = as_float32(row[q])
             for k in range(pairs.shape[0]):
                 out[piece, k] += _dot(deltas[pairs[k, 0], :width], deltas[pairs[k, 1], :width])
 
@@ -153,10 +107,10 @@ def _widen(inputs: Array, from_base: bool, out: Array, lo: int, hi: int) -> None
         row, base, widened = inputs[i, lo:hi], inputs[-1, lo:hi], out[i, lo:hi]
         if from_base:
             for q in range(hi - lo):
-                widened[q] = np.float32(_as_float32(row[q]) - _as_float32(base[q]))
+                widened[q] = np.float32(as_float32(row[q]) - as_float32(base[q]))
         else:
             for q in range(hi - lo):
-                widened[q] = _as_float32(row[q])
+                widened[q] = as_float32(row[q])
 
 
 @_jit
@@ -184,18 +138,18 @@ def _nuslerp(
             block_out = out[start - first : start - first + width]
             if from_base:
                 for q in range(width):
-                    b = _as_float32(base[q])
-                    delta_a = np.float32(_as_float32(x[q]) - b)
-                    delta_b = np.float32(_as_float32(y[q]) - b)
+                    b = as_float32(base[q])
+                    delta_a = np.float32(as_float32(x[q]) - b)
+                    delta_b = np.float32(as_float32(y[q]) - b)
                     r = np.float32(np.float32(coef_a * delta_a) + np.float32(coef_b * delta_b))
                     result[q] = np.float32(np.float32(r / divisor) + b)
             else:
                 for q in range(width):
-                    a, b = _as_float32(x[q]), _as_float32(y[q])
+                    a, b = as_float32(x[q]), as_float32(y[q])
                     r = np.float32(np.float32(coef_a * a) + np.float32(coef_b * b))
                     result[q] = np.float32(r / divisor)
             for q in range(width):  # a loop of its own: it vectorises only alone
-                _store(block_out, q, result[q])
+                store(block_out, q, result[q])
 
 
 @_jit
@@ -215,19 +169,19 @@ def _model_stock(
             block_out = out[start - first : start - first + width]
             model = inputs[0, start : start + width]
             for q in range(width):
-                total[q] = _as_float32(model[q])
+                total[q] = as_float32(model[q])
             for i in range(1, models):
                 other = inputs[i, start : start + width]
                 for q in range(width):
-                    total[q] = np.float32(total[q] + _as_float32(other[q]))
+                    total[q] = np.float32(total[q] + as_float32(other[q]))
             base = inputs[-1, start : start + width]
             for q in range(width):
                 average = np.float32(np.float32(total[q] + zero) / n)
                 total[q] = np.float32(
-                    np.float32(average * t) + np.float32(_as_float32(base[q]) * rest)
+                    np.float32(average * t) + np.float32(as_float32(base[q]) * rest)
                 )
             for q in range(width):
-                _store(block_out, q, total[q])
+                store(block_out, q, total[q])
 
 
 # -- the driver ---------------------------------------------------------------------------------
