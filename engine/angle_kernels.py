@@ -21,29 +21,25 @@ every coefficient, from cos θ. Compiled code is cached on disk (numba's `cache=
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numba
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from engine.angles import RULES, Nuslerp, Rule, vectors_of
+from engine.float_bits import as_float32, store
+from engine.input_rows import Array, InputRows
 from engine.kernels import Kernels
 from engine.memory import keep_freed_memory
+from engine.parallel import THREADS, over
 from engine.plan import Plan, TensorPlan
-from engine.sparse_elements import as_float32, store
 
 SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
-THREADS = max(1, min(4, os.cpu_count() or 1))
 _PIECE = 1 << 16  # elements per partial moment sum: a fixed split, whatever the threads
 _BLOCK = 512  # elements per inner loop: the float32 rows stay in the L1 cache
 
-Array = npt.NDArray[Any]
 _jit = numba.njit(nogil=True, cache=True)
 
 
@@ -194,6 +190,7 @@ class AngleKernels:
         check_cancel: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
+        self._rows = InputRows(plan)
         keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
         self.check_cancel = check_cancel or (lambda: None)
         self.chunk_elements = chunk_elements
@@ -231,7 +228,7 @@ class AngleKernels:
             count = min(per_chunk, rows - first) * length
             inputs = self._inputs(tensor, rule, first * length, count)
             vectors = np.empty((_vector_count(rule), count), np.float32)
-            _parallel(_widen, _slices(count), 0, count, inputs, _from_base(rule), vectors)
+            over(_widen, 0, count, inputs, _from_base(rule), vectors, slices=_slices(count))
             as_rows = [torch.from_numpy(v).view(-1, length) for v in vectors]
             coefficients = rule.coefficients(rule.angle(as_rows))
             yield self._output(tensor, rule, inputs, coefficients, length, 0, count)
@@ -286,11 +283,11 @@ class AngleKernels:
             # torch multiplies by 1 − t and t as float32 scalars: so does _nuslerp
             lerp = [np.full_like(values[0], 1 - rule.t), np.full_like(values[0], rule.t)]
             table = np.stack([*values, *lerp]).astype(np.float32)
-            _parallel(_nuslerp, _slices(count), lo, hi, inputs, rule.with_base, colinear,
-                      table, length, out, lo)  # fmt: skip
+            over(_nuslerp, lo, hi, inputs, rule.with_base, colinear, table, length, out, lo,
+                 slices=_slices(count))  # fmt: skip
         else:
             table = np.stack(per_row).astype(np.float32)
-            _parallel(_model_stock, _slices(count), lo, hi, inputs, table, length, out, lo)
+            over(_model_stock, lo, hi, inputs, table, length, out, lo, slices=_slices(count))
         if tensor.dtype == "F16":
             out = out.astype(np.float16)  # round to nearest-even, as torch does
         return out.view(np.uint8).data
@@ -299,36 +296,17 @@ class AngleKernels:
         """Σ vᵢ·vⱼ over `inputs` for the rule's pairs, in float64: over pieces of a fixed size,
         summed in order, so the same on any number of threads."""
         pieces = np.empty((-(-inputs.shape[1] // _PIECE), len(rule.pairs)), np.float64)
-        _parallel(_moments, min(THREADS, len(pieces)), 0, len(pieces), inputs,
-                  _vector_count(rule), _from_base(rule), np.array(rule.pairs, np.int64),
-                  pieces)  # fmt: skip
+        pairs = np.array(rule.pairs, np.int64)
+        over(_moments, 0, len(pieces), inputs, _vector_count(rule), _from_base(rule), pairs,
+             pieces, slices=min(THREADS, len(pieces)))  # fmt: skip
         totals = np.zeros(len(rule.pairs), np.float64)
         for piece in pieces:
             totals += piece
         return totals
 
     def _inputs(self, tensor: TensorPlan, rule: Rule, start: int, count: int) -> Array:
-        """The rule's inputs' elements as the rows of one array, all of one dtype (handles()):
-        BF16 as its uint16 bits, F16 widened to float32, F32 as is; the reads side by side."""
-        infos = [self.plan.checkpoints[s].tensors[tensor.read_name] for s in rule.sources]
-        rows = np.empty(
-            (len(rule.sources), count), np.uint16 if infos[0].dtype == "BF16" else np.float32
-        )
-
-        def read(source: int, row: Array) -> None:
-            info = self.plan.checkpoints[source].tensors[tensor.read_name]
-            name, first_byte = tensor.read_name, start * info.itemsize
-            if info.dtype != "F16":  # the bytes as they are (rows of an aligned vocabulary)
-                self.plan.read_into(source, name, row.view(np.uint8).data, first_byte)
-                return
-            raw = np.empty(count * info.itemsize, np.uint8)
-            self.plan.read_into(source, name, raw.data, first_byte)
-            row[:] = raw.view(np.float16)
-
-        _side_by_side(
-            [functools.partial(read, s, row) for s, row in zip(rule.sources, rows, strict=True)]
-        )
-        return rows
+        """The rule's inputs' elements (input_rows.py)."""
+        return self._rows.read(tensor, rule.sources, start, count)
 
 
 def _vector_count(rule: Rule) -> int:
@@ -342,30 +320,6 @@ def _from_base(rule: Rule) -> bool:
 
 def _slices(elements: int) -> int:
     return THREADS if elements >= _PIECE else 1
-
-
-# -- threads ------------------------------------------------------------------------------------
-def _parallel(kernel: Any, slices: int, lo: int, hi: int, *args: Any) -> None:
-    """Run `kernel(*args, lo, hi)` over [lo, hi) in `slices` slices side by side (the kernels
-    release the GIL)."""
-    bounds = [lo + (hi - lo) * s // slices for s in range(slices + 1)]
-    _side_by_side(
-        [functools.partial(kernel, *args, bounds[s], bounds[s + 1]) for s in range(slices)]
-    )
-
-
-def _side_by_side(calls: list[Callable[[], None]]) -> None:
-    """Run the calls on the caller's thread and the pool's, all at once."""
-    futures = [_pool_of(os.getpid()).submit(call) for call in calls[1:]]
-    calls[0]()
-    for future in futures:
-        future.result()
-
-
-@functools.cache
-def _pool_of(pid: int) -> ThreadPoolExecutor:
-    """One per process: a forked child (a prefork worker) has none of its parent's threads."""
-    return ThreadPoolExecutor(max(1, THREADS - 1), thread_name_prefix="angles")
 
 
 def _loaded_itemsize(plan: Plan, tensor: TensorPlan) -> int:

@@ -118,6 +118,27 @@ def to_bf16(value: Any) -> Any:
     return rounded if value == value else np.uint16(BF16_NAN)
 
 
+def store(out: Any, j: int, value: Any) -> None:
+    """out[j] = value, rounded to BF16 bits (to_bf16) where `out` holds them (a uint16
+    array), as is into a float32 one: one kernel serves both dtypes."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(store, inline="always")
+def _store(out: Any, j: Any, value: Any) -> Any:
+    if isinstance(out.dtype, types.Integer):
+
+        def narrow(out: Any, j: Any, value: Any) -> Any:
+            out[j] = to_bf16(value)
+
+        return narrow
+
+    def as_is(out: Any, j: Any, value: Any) -> Any:
+        out[j] = value
+
+    return as_is
+
+
 @_inline
 def to_f16(value: Any) -> Any:
     """Normal results: rebias, round at bit 13 to nearest-even, shift. Subnormal ones: adding

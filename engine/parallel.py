@@ -18,32 +18,30 @@ THREADS = max(1, min(4, os.cpu_count() or 1))
 MIN_SPLIT = 1 << 16  # below this many elements one thread does it all
 
 
-def parallel(kernel: Any, n: int, *args: Any, split: bool = False) -> None:
-    """Run `kernel(*args, lo, hi)` over [0, n) in up to THREADS slices (the kernels release
-    the GIL). With `split`, the last argument has a row per slice (a histogram each)."""
-    slices = THREADS if n >= MIN_SPLIT else 1
-    bounds = [n * s // slices for s in range(slices + 1)]
+def parallel(
+    kernel: Any, n: int, *args: Any, per_slice: Any = None, minimum: int = MIN_SPLIT
+) -> None:
+    """Run `kernel(*args, [per_slice[s],] lo, hi)` over [0, n) in up to THREADS slices (the
+    kernels release the GIL); `per_slice` gives each slice its own row (a histogram each)."""
+    over(kernel, 0, n, *args, slices=min(THREADS, n) if n >= minimum else 1, per_slice=per_slice)
+
+
+def over(kernel: Any, lo: int, hi: int, *args: Any, slices: int, per_slice: Any = None) -> None:
+    """Run `kernel(*args, [per_slice[s],] lo_s, hi_s)` over [lo, hi) cut into `slices` slices,
+    all at once."""
+    bounds = [lo + (hi - lo) * s // slices for s in range(slices + 1)]
+    own = [(per_slice[s],) if per_slice is not None else () for s in range(slices)]
     side_by_side(
-        [
-            functools.partial(
-                kernel, *args[:-1], args[-1][s] if split else args[-1], bounds[s], bounds[s + 1]
-            )
-            for s in range(slices)
-        ]
+        [functools.partial(kernel, *args, *own[s], bounds[s], bounds[s + 1]) for s in range(slices)]
     )
 
 
 def side_by_side(calls: list[Callable[[], None]]) -> None:
     """Run the calls on the caller's thread and the pool's, all at once."""
-    futures = [_pool().submit(call) for call in calls[1:]]
+    futures = [_pool_of(os.getpid()).submit(call) for call in calls[1:]]
     calls[0]()
     for future in futures:
         future.result()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Helper threads for the slices after the first (the caller's thread runs that one)."""
-    return _pool_of(os.getpid())
 
 
 @functools.cache

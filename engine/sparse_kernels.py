@@ -19,7 +19,6 @@ of an installation compiles for some seconds; later processes load it.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -30,9 +29,11 @@ import numba
 import numpy as np
 
 from engine.exact_sums import FLOAT32, rescale_factor, rounded_sum
+from engine.float_bits import as_float32, store
+from engine.input_rows import Array, InputRows
 from engine.memory import keep_freed_memory
+from engine.parallel import THREADS, parallel
 from engine.plan import Plan, SparsifySettings, TensorPlan
-from engine.sparse_elements import THREADS, Array, as_float32, side_by_side, split, store
 from engine.sparse_masks import DROPPERS, DeltaSource, Dropper, Inputs, row_width
 
 SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
@@ -183,6 +184,7 @@ class SparseKernels:
     ) -> None:
         assert plan.sparsify is not None
         self.plan = plan
+        self._rows = InputRows(plan)
         self.settings: SparsifySettings = plan.sparsify
         keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
         # Raises when the merge is canceled; called per chunk of the passes that read a whole
@@ -207,7 +209,7 @@ class SparseKernels:
             count = min(work.step, numel - start)
             base, terms = work.inputs(start, count)
             out = np.empty(count, np.uint16 if tensor.dtype == "BF16" else np.float32)
-            split(
+            parallel(
                 _combine, count, base, terms, work.masks(start, base, terms), work.thinned,
                 work.scales, weights, settings.consensus, settings.normalize, divisor, lambda_,
                 out,
@@ -268,7 +270,7 @@ class SparseKernels:
             kept = work.masks(start, base, terms)
             for i, dropper in enumerate(droppers):
                 if dropper is not None:
-                    split(_l1_bins, count, terms[i], base, kept[i], per_slice=bins[i])
+                    parallel(_l1_bins, count, terms[i], base, kept[i], per_slice=bins[i])
         scales = np.ones(len(droppers), np.float32)
         for i, dropper in enumerate(droppers):
             if dropper is not None:
@@ -280,27 +282,7 @@ class SparseKernels:
 
     # -- reading ------------------------------------------------------------------------------
     def _inputs(self, tensor: TensorPlan, start: int, count: int) -> tuple[Array, Array]:
-        """The base's elements and every term's as the rows of one array, all of one dtype
-        (handles()): BF16 as its uint16 bits, F16 widened to float32, F32 as is; the reads
-        side by side."""
+        """The base's elements and every term's (input_rows.py)."""
         sources = [self.settings.base, *(t.source for t in tensor.terms)]
-        infos = [self.plan.checkpoints[s].tensors[tensor.read_name] for s in sources]
-        rows = np.empty(
-            (len(sources), count), np.uint16 if infos[0].dtype == "BF16" else np.float32
-        )
-
-        def read(source: int, row: Array) -> None:
-            # as the output sees it: rows aligned to the output vocabulary where they are
-            info = self.plan.checkpoints[source].tensors[tensor.read_name]
-            first_byte = start * info.itemsize
-            if info.dtype != "F16":  # the bytes as they are
-                self.plan.read_into(source, tensor.read_name, row.view(np.uint8).data, first_byte)
-                return
-            raw = np.empty(count * info.itemsize, np.uint8)
-            self.plan.read_into(source, tensor.read_name, raw.data, first_byte)
-            row[:] = raw.view(np.float16)
-
-        side_by_side(
-            [functools.partial(read, s, row) for s, row in zip(sources, rows, strict=True)]
-        )
+        rows = self._rows.read(tensor, sources, start, count)
         return rows[0], rows[1:]

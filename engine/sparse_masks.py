@@ -21,15 +21,24 @@ from typing import Any, Protocol
 import numba
 import numpy as np
 
+from engine.float_bits import as_float32
+from engine.input_rows import Array
 from engine.methods.breadcrumbs import breadcrumb_ranks
+from engine.parallel import THREADS, parallel
 from engine.plan import Dropping, TensorPlan
 from engine.random_bits import SCALE, fill_bits, stream_key
-from engine.sparse_elements import THREADS, Array, abs_delta_bits, split
 
 _BINS = 1 << 16
 EVERYTHING = 0xFFFFFFFF  # a cut value above every |δ| bit pattern (NaNs included)
 Inputs = Callable[[int, int], tuple[Array, Array]]  # (start, count) -> (base, terms)
 _jit = numba.njit(nogil=True, cache=True)
+
+
+@numba.njit(inline="always", cache=True)
+def abs_delta_bits(model: Any, base: Any) -> Any:
+    """|model − base| in float32, as its bit pattern (ordered like the value)."""
+    delta = np.float32(as_float32(model) - as_float32(base))
+    return np.float32(abs(delta)).view(np.uint32)
 
 
 # -- selection (breadcrumbs) -------------------------------------------------------------------
@@ -96,7 +105,7 @@ def smallest_cuts(
         highs = np.array(sorted({high for _, high, _ in in_bins}), np.uint32)
         low_counts = np.zeros((THREADS, highs.size, _BINS), np.int64)
         for _, bits in passes():
-            split(_low_histograms, bits.size, bits, highs, per_slice=low_counts)
+            parallel(_low_histograms, bits.size, bits, highs, per_slice=low_counts)
         lows = low_counts.sum(axis=0)
         ties: list[tuple[int, int, int]] = []  # (m, value, entries equal to value it includes)
         for m, high, below_high in in_bins:
@@ -214,7 +223,7 @@ class RandomDrop:
 
     def fill(self, model: Array, base: Array, first: int, mask: Array) -> None:
         bits = np.empty(mask.size, np.uint32)
-        split(_random_mask, mask.size, first, *self.key, self.threshold, bits, mask)
+        parallel(_random_mask, mask.size, first, *self.key, self.threshold, bits, mask)
 
 
 @dataclass(frozen=True)
@@ -224,7 +233,7 @@ class CutDrop:
 
     def fill(self, model: Array, base: Array, first: int, mask: Array) -> None:
         low, high = self.low, self.high
-        split(_cut_mask, mask.size, model, base, first, low.value, low.cutoff, high.value,
+        parallel(_cut_mask, mask.size, model, base, first, low.value, low.cutoff, high.value,
                high.cutoff, mask)  # fmt: skip
 
 
@@ -237,7 +246,7 @@ class MagPrune:
 
     def fill(self, model: Array, base: Array, first: int, mask: Array) -> None:
         rows = mask.size // self.width
-        split(_magprune_mask, rows, model, base, first, self.width, *self.key, self.lowest,
+        parallel(_magprune_mask, rows, model, base, first, self.width, *self.key, self.lowest,
                self.epsilon, mask, minimum=2)  # fmt: skip
 
 
@@ -273,7 +282,7 @@ class DeltaSource:
             count = min(self.step, self.numel - start)
             base, terms = self.inputs(start, count)
             bits = np.empty(count, np.uint32)
-            split(_delta_bits, count, terms[self.term], base, bits, per_slice=counts)
+            parallel(_delta_bits, count, terms[self.term], base, bits, per_slice=counts)
             yield start, bits
 
 

@@ -21,7 +21,6 @@ compiles for a few seconds; later processes load it.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -29,20 +28,19 @@ from typing import Any
 
 import numba
 import numpy as np
-import numpy.typing as npt
 from numba import types
 from numba.extending import overload
 
 from engine.float_bits import as_float32, to_bf16
+from engine.input_rows import Array, InputRows
 from engine.memory import keep_freed_memory
-from engine.parallel import parallel, side_by_side
+from engine.parallel import parallel
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.ties_selection import DeltaInputs, Selection
 
 SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 _BINS = 1 << 16
 
-Array = npt.NDArray[Any]
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 
 
@@ -153,7 +151,7 @@ class TiesKernels:
         self._selection = Selection(check_cancel=self.check_cancel)
         self.chunk_elements = chunk_elements
         self.in_memory = 8 * chunk_elements  # every layer weight at the default chunk size
-        self._buffer = np.empty(0, np.uint8)  # the inputs read, reused from tensor to tensor
+        self._rows = InputRows(plan, keep=True)  # reused from tensor to tensor
 
     def output_bytes(self, tensor: TensorPlan) -> Iterator[memoryview]:
         """The tensor's output bytes, a chunk at a time, in order."""
@@ -217,29 +215,9 @@ class TiesKernels:
     def _inputs(
         self, tensor: TensorPlan, start: int, count: int, term: int | None = None
     ) -> tuple[Array, Array]:
-        """The base's elements and every term's (or only the `term`-th) as the rows of one
-        array, all of one dtype (handles()): BF16 as its uint16 bits, F16 widened to float32,
-        F32 as is; the reads side by side. The array is overwritten by the next call."""
+        """The base's elements and every term's (or only the `term`-th), input_rows.py's
+        kept buffer: overwritten by the next call."""
         terms = tensor.terms if term is None else tensor.terms[term : term + 1]
         sources = [self.settings.base, *(t.source for t in terms)]
-        infos = [self.plan.checkpoints[s].tensors[tensor.read_name] for s in sources]
-        dtype = np.dtype(np.uint16 if infos[0].dtype == "BF16" else np.float32)
-        size = len(sources) * count * dtype.itemsize
-        if self._buffer.size < size:  # reused: fresh memory costs a page fault per page
-            self._buffer = np.empty(size, np.uint8)
-        rows = self._buffer[:size].view(dtype).reshape(len(sources), count)
-
-        def read(source: int, row: Array) -> None:
-            info = self.plan.checkpoints[source].tensors[tensor.read_name]
-            first_byte = start * info.itemsize
-            if info.dtype != "F16":  # the bytes as they are
-                self.plan.read_into(source, tensor.read_name, row.view(np.uint8).data, first_byte)
-                return
-            raw = np.empty(count * info.itemsize, np.uint8)
-            self.plan.read_into(source, tensor.read_name, raw.data, first_byte)
-            row[:] = raw.view(np.float16)
-
-        side_by_side(
-            [functools.partial(read, s, row) for s, row in zip(sources, rows, strict=True)]
-        )
+        rows = self._rows.read(tensor, sources, start, count)
         return rows[0], rows[1:]

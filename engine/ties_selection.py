@@ -227,7 +227,7 @@ class Selection:
                 count = min(step, numel - start)
                 model, base = delta_inputs(start, count)
                 bits = np.empty(count, np.uint32)
-                parallel(_abs_delta_bits, count, model, base, bits, high_counts, split=True)
+                parallel(_abs_delta_bits, count, model, base, bits, per_slice=high_counts)
                 yield start, bits
 
         kept = list(passes()) if step >= numel else None
@@ -247,7 +247,7 @@ class Selection:
 
         low_counts = np.zeros((THREADS, _BINS), np.int64)
         for _, bits in again():
-            parallel(_low_histogram, bits.size, bits, high, low_counts, split=True)
+            parallel(_low_histogram, bits.size, bits, high, per_slice=low_counts)
         low, above_low, _ = _pick_bin(low_counts.sum(axis=0), remaining)
         threshold = (high << 16) | low
         needed = k - above_high - above_low  # tied entries kept: the first ones in flat order
