@@ -1,12 +1,18 @@
 """Runs mergekit 0.1.5 (bench/setup.sh's .venv-bench) on a config and measures ulp distances.
 
 The parity tests need it: a missing .venv-bench fails them with how to make one, never skips,
-so a CI without it cannot pass silently.
+so a CI without it cannot pass silently. mergekit-yaml's command runs in one long-lived process
+(mergekit_runner.py), started at the first config: its start-up is paid once per test session.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
+RUNNER = Path(__file__).with_name("mergekit_runner.py")
 
 
 def run_mergekit(config: dict[str, Any], out: Path) -> Path:
@@ -27,14 +34,45 @@ def run_mergekit(config: dict[str, Any], out: Path) -> Path:
         )
     config_file = out.with_suffix(".yml")
     config_file.write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [str(MERGEKIT), str(config_file), str(out), "--allow-crimes"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"mergekit failed:\n{done.stderr[-3000:]}"
+    reply = _runner().run(config_file, out)
+    assert reply["ok"], f"mergekit failed:\n{reply['error']}"
     return out
+
+
+class _Runner:
+    """mergekit_runner.py in .venv-bench's Python, its log in a temporary file."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open while the process runs)
+        read_end, write_end = os.pipe()
+        self.process = subprocess.Popen(
+            [str(MERGEKIT.with_name("python")), str(RUNNER), str(write_end)],
+            stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, text=True,
+            pass_fds=(write_end,),
+        )  # fmt: skip
+        os.close(write_end)
+        self.replies = os.fdopen(read_end)
+        atexit.register(self.close)
+
+    def run(self, config: Path, out: Path) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"config": str(config), "out": str(out)}) + "\n")
+        self.process.stdin.flush()
+        line = self.replies.readline()
+        if not line:  # the process died: its log says why
+            self.log.seek(0)
+            pytest.fail(f"mergekit's process ended:\n{self.log.read()[-3000:].decode()}")
+        return dict(json.loads(line))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@functools.cache
+def _runner() -> _Runner:
+    return _Runner()
 
 
 def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> int:
