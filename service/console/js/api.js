@@ -121,6 +121,30 @@ function parseEvent(block) {
   return event;
 }
 
+/**
+ * Keep a job's view current: GET `path` long-polled (`?wait=`, `If-None-Match`), which the
+ * server answers as soon as the job's row changes; `onChange(job)` per new view, until the job
+ * ends or `signal` aborts.
+ */
+export async function watchJob(path, onChange, signal) {
+  let etag = null;
+  while (!signal.aborted) {
+    const init = { signal, headers: headers(etag ? { "If-None-Match": etag } : {}) };
+    let response;
+    try {
+      response = await fetch(`${path}?wait=30`, init);
+    } catch (error) {
+      return;
+    }
+    if (response.status === 304) continue;
+    if (!response.ok) return;
+    etag = response.headers.get("ETag");
+    const job = await response.json();
+    onChange(job);
+    if (TERMINAL.has(job.status)) return;
+  }
+}
+
 /** Where a job of `kind` is read in the API, and shown in the console. */
 export const COLLECTION = {
   merge: "merges",

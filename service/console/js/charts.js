@@ -148,7 +148,7 @@ function shade(fraction) {
 export function graph({ columns, nodes, edges }) {
   const nodeW = 200;
   const nodeH = 46;
-  const gapX = 90;
+  const gapX = 150;
   const gapY = 18;
   const place = new Map();
   columns.forEach((ids, c) => ids.forEach((id, r) =>
@@ -168,8 +168,8 @@ export function graph({ columns, nodes, edges }) {
     const mid = (x1 + x2) / 2;
     svg.append(s("path", { class: "edge", d: `M${x1},${y1}C${mid},${y1} ${mid},${y2} ${x2},${y2}` }));
     if (edge.label) {
-      svg.append(s("text", { x: mid, y: (y1 + y2) / 2 - 4, "text-anchor": "middle", class: "edge-label" },
-        edge.label));
+      // Beside its source: each input is its own node, so the labels never share a spot.
+      svg.append(s("text", { x: x1 + 6, y: y1 - 5, class: "edge-label" }, edge.label));
     }
   }
   for (const node of nodes) {

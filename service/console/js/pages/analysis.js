@@ -13,21 +13,11 @@ export async function render({ main, id, params, signal }) {
     ["progress", progress(job.progress.fraction, "analysis progress")],
     ["base", job.request.base],
     ["experts", job.request.experts.map((e) => `${e.label} (${e.path})`).join(", ")],
+    ["suggested", job.result?.suggestion ? `b = ${job.result.suggestion.bottom}, u = ${job.result.suggestion.top} (heuristic)` : null],
     ["created", when(job.created_at)],
     ["error", job.error ? h("span", { class: "error" }, `${job.error.code}: ${job.error.message}`) : null],
   ])));
   if (job.status !== "succeeded") return;
-  const suggestion = job.result.suggestion;
-  if (suggestion) {
-    main.append(section("Suggested layer swap",
-      h("p", { id: "suggestion" }, `bottom b = ${suggestion.bottom}, top u = ${suggestion.top}`,
-        suggestion.clamped ? " (clamped)" : ""),
-      h("p", { class: "muted" }, suggestion.note),
-      table([["layer", (r) => r.layer], [`task (${suggestion.task})`, (r) => number(r.task, 3)],
-        [`language (${suggestion.language})`, (r) => number(r.language, 3)]],
-      suggestion.layer_scores.task.map((task, layer) =>
-        ({ layer, task, language: suggestion.layer_scores.language[layer] })))));
-  }
   const data = await api(`/v1/analyses/${id}/analysis.json`, { signal });
   const measure = params.get("measure") === "mean_mav" ? "mean_mav" : "fraction";
   const picker = h("select", { name: "measure" },
@@ -44,4 +34,15 @@ export async function render({ main, id, params, signal }) {
           values: expert[measure],
           describe: (row, column, value) => `${label} · ${row} · ${column}: ${number(value, 6)}`,
         }))))));
+  const suggestion = job.result.suggestion;
+  if (suggestion) {
+    main.append(section("Suggested layer swap",
+      h("p", { id: "suggestion" }, `bottom b = ${suggestion.bottom}, top u = ${suggestion.top}`,
+        suggestion.clamped ? " (clamped)" : ""),
+      h("p", { class: "muted" }, suggestion.note),
+      table([["layer", (r) => r.layer], [`task (${suggestion.task})`, (r) => number(r.task, 3)],
+        [`language (${suggestion.language})`, (r) => number(r.language, 3)]],
+      suggestion.layer_scores.task.map((task, layer) =>
+        ({ layer, task, language: suggestion.layer_scores.language[layer] })))));
+  }
 }

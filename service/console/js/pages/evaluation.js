@@ -56,11 +56,21 @@ async function inputEvaluations(job, signal) {
   }
   const found = [];
   for (const [artifactId, input] of inputs) {
-    const evaluations = await api(`/v1/artifacts/${artifactId}/evaluations`, { signal });
-    const done = evaluations.evaluations.find((e) => e.status === "succeeded");
-    if (done) found.push({ label: `${input.role}: ${input.label || shortId(artifactId)}`, job_id: done.id });
+    const done = await withSamples(artifactId, signal);
+    if (done) found.push({ label: `${input.role}: ${input.label || shortId(artifactId)}`, job_id: done });
   }
   return found;
+}
+
+/** The newest evaluation of the artifact that holds its own samples (one whose scores were
+ * all reused from another holds none). */
+async function withSamples(artifactId, signal) {
+  const { evaluations } = await api(`/v1/artifacts/${artifactId}/evaluations`, { signal });
+  for (const candidate of evaluations.filter((e) => e.status === "succeeded").slice(0, 5)) {
+    const job = await api(`/v1/evaluations/${candidate.id}`, { signal });
+    if (job.result.samples && job.result.ran.length) return job.id;
+  }
+  return null;
 }
 
 async function samplesBrowser(job, params, signal) {

@@ -18,20 +18,22 @@ export async function render({ main, params, signal }) {
     q: params.get("q") || "",
   };
   const cursor = params.get("cursor") || "";
+  const limit = params.get("limit") || ""; // the API's default page size unless the URL says
   main.append(h("h1", {}, "Jobs"), filterBar(filters));
   const listing = h("div", { class: "card", id: "jobs" });
   main.append(listing);
-  const read = () => api("/v1/jobs" + query({ ...filters, cursor, limit: 50 }), { signal });
+  const read = () => api("/v1/jobs" + query({ ...filters, cursor, limit }), { signal });
   let page = await read();
   const rows = new Map();
-  listing.replaceChildren(jobTable(page.items, rows), pager(filters, cursor, page.next_cursor));
+  const paging = { ...filters, limit };
+  listing.replaceChildren(jobTable(page.items, rows), pager(paging, cursor, page.next_cursor));
   live(page, signal, async () => {
     page = await read();
     const same = page.items.length === rows.size && page.items.every((job) => rows.has(job.id));
     if (same) page.items.forEach((job) => rows.get(job.id).update(job));
     else {
       rows.clear();
-      listing.replaceChildren(jobTable(page.items, rows), pager(filters, cursor, page.next_cursor));
+      listing.replaceChildren(jobTable(page.items, rows), pager(paging, cursor, page.next_cursor));
     }
     return page;
   });

@@ -1,7 +1,8 @@
-// A merge: recipe, plan over depth, progress (live, from its event stream), outputs with their
-// sha256, Hub commits, MLflow version, webhook deliveries, and its evaluation beside its inputs'.
+// A merge: recipe, plan over depth, progress (live: a long poll that the server answers when
+// the job changes), outputs with their sha256, Hub commits, MLflow version, webhook
+// deliveries, and its evaluation beside its inputs'.
 
-import { api, followEvents, TERMINAL } from "../api.js";
+import { api, TERMINAL, watchJob } from "../api.js";
 import { planStrip } from "../charts.js";
 import {
   bytes, facts, h, link, number, pretty, progress, section, shortId, status, table, when,
@@ -19,12 +20,11 @@ export async function render({ main, id, signal }) {
   };
   await draw();
   if (!TERMINAL.has(job.status)) {
-    const reread = async () => {
-      job = await api(`/v1/merges/${id}`, { signal });
+    watchJob(`/v1/merges/${id}`, (fresh) => {
+      job = fresh;
       head.replaceChildren(summary(job));
-      if (TERMINAL.has(job.status)) await draw();
-    };
-    followEvents(`/v1/merges/${id}/events`, () => reread().catch(() => {}), signal);
+      if (TERMINAL.has(job.status)) draw().catch(() => {});
+    }, signal);
   }
 }
 
