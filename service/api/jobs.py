@@ -101,7 +101,7 @@ def _job_rows(
     if kind:
         where.append(Job.kind == kind)
     if q:
-        where.append(or_(Job.id.startswith(q.lower()), _text(Job.output_name, q)))
+        where.append(or_(Job.id.startswith(q.lower(), autoescape=True), _text(Job.output_name, q)))
     return sql_select(
         Job.id, Job.kind, Job.status, Job.stage, Job.output_name.label("name"),
         *(getattr(Job, c) for c in _JOB_COLUMNS), Job.error, Job.sweep_id, Job.created_at,
@@ -111,7 +111,7 @@ def _job_rows(
 def _sweep_rows(tenant: str, status: str | None, q: str | None, after: Any) -> Select[Any]:
     where = _filters(Sweep, tenant, status, after)
     if q:
-        where.append(Sweep.id.startswith(q.lower()))
+        where.append(Sweep.id.startswith(q.lower(), autoescape=True))
     zero = literal(0)
     return sql_select(
         Sweep.id, literal(SWEEP, String).label("kind"), Sweep.status,
