@@ -53,7 +53,10 @@ async function show() {
     if (error instanceof ApiError && error.status === 401) return; // the key prompt is shown
     main.append(failure(error));
   } finally {
-    if (!signal.aborted) main.removeAttribute("aria-busy");
+    if (!signal.aborted) {
+      main.removeAttribute("aria-busy");
+      performance.mark("layerswap:rendered", { detail: path }); // read by bench/console.py
+    }
   }
   main.focus({ preventScroll: true });
 }
@@ -91,6 +94,10 @@ function setUp() {
     show();
   });
   window.addEventListener("hashchange", show);
+  // Leaving the page (or its going into the back/forward cache) closes its streams: open
+  // ones would hold connections the next page needs. Back again, it is drawn afresh.
+  window.addEventListener("pagehide", () => current && current.abort());
+  window.addEventListener("pageshow", (event) => event.persisted && show());
   updateSignOut();
   show();
 }

@@ -155,7 +155,7 @@ function live(page, signal, reread) {
   const follow = () => {
     for (const job of page.items) {
       if (open >= STREAMS) break;
-      if (job.kind !== "merge" || TERMINAL.has(job.status) || tried.has(job.id)) continue;
+      if (job.kind !== "merge" || job.status !== "running" || tried.has(job.id)) continue;
       tried.add(job.id);
       open += 1;
       followEvents(`/v1/merges/${job.id}/events`, soon, signal).finally(() => {
