@@ -23,8 +23,8 @@ from tests.helpers import wait_for
 T = TypeVar("T")
 DESKTOP = (1280, 900)
 PHONE = (390, 844)
-# Screenshots are written here when LAYERSWAP_SCREENSHOTS names a directory (CI keeps them).
-SCREENSHOTS = os.environ.get("LAYERSWAP_SCREENSHOTS")
+# Screenshots are written here when CONSOLE_SCREENSHOTS names a directory (CI keeps them).
+SCREENSHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
 
 
 def executables() -> tuple[str, str]:
@@ -110,12 +110,15 @@ class Page:
         found: list[dict[str, Any]] = self.driver.get_log("browser")
         return [m for m in found if m["level"] == "SEVERE"]
 
-    def screenshot(self, name: str) -> None:
-        """Both widths, when LAYERSWAP_SCREENSHOTS names a directory."""
+    def screenshot(self, name: str, at: str | None = None) -> None:
+        """Both widths, scrolled to the element `at` (CSS), when CONSOLE_SCREENSHOTS names a
+        directory."""
         if not SCREENSHOTS:
             return
         folder = Path(SCREENSHOTS)
         folder.mkdir(parents=True, exist_ok=True)
+        if at:
+            self.driver.execute_script("arguments[0].scrollIntoView()", self.find(at))
         self.driver.save_screenshot(str(folder / f"{name}.png"))
         self.driver.set_window_size(*PHONE)
         self.driver.save_screenshot(str(folder / f"{name}-phone.png"))

@@ -223,7 +223,7 @@ def test_the_sweep_page_ranks_sorts_and_charts(page: Page, seeded: Seeded) -> No
             bar = page.find(f'svg.chart rect.bar[data-config="{config}"][data-series="{language}"]')
             assert float(bar.get_attribute("data-value")) == pytest.approx(cell["value"])
     assert page.find("svg.chart rect.best").get_attribute("data-best") == board["rows"][0]["config"]
-    page.screenshot("sweep")
+    page.screenshot("sweep", at="table.leaderboard")
 
     page.find('button[data-sort="mean"]').click()  # ascending by mean
     page.eventually("sorted by mean", lambda: "sort=mean" in page.driver.current_url)
@@ -265,7 +265,7 @@ def test_the_analysis_heatmap_answers_hover_with_layer_module_and_value(
     tip = page.eventually("the tooltip", lambda: page.find(".tooltip:not([hidden])"))
     value = data["experts"]["math"]["fraction"][2][0]
     assert tip.text == f"math · layer 2 · {data['kinds'][0]}: {value:.6f}"
-    page.screenshot("analysis")
+    page.screenshot("analysis", at="[data-expert]")
 
 
 def test_a_bad_value_shows_the_api_s_error_beside_its_field(page: Page, seeded: Seeded) -> None:

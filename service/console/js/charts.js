@@ -71,18 +71,22 @@ export function barChart({ groups, series, references = [], best = -1, yLabel = 
       const error = one.errors[g];
       if (error) {
         const cx = x + (barW - 2) / 2;
-        svg.append(s("path", { class: "errorbar", d: `M${cx},${y(value - error)}V${y(value + error)}` +
-          `M${cx - 4},${y(value - error)}h8M${cx - 4},${y(value + error)}h8` }));
+        const low = Math.max(0, value - error); // a score is never below 0
+        svg.append(s("path", { class: "errorbar", d: `M${cx},${y(low)}V${y(value + error)}` +
+          `M${cx - 4},${y(low)}h8M${cx - 4},${y(value + error)}h8` }));
       }
     });
     svg.append(s("text", { x: x0 + band * 0.4, y: margin.top + plotH + 14, "text-anchor": "end",
       transform: `rotate(-30 ${x0 + band * 0.4} ${margin.top + plotH + 14})` }, group));
   });
-  references.forEach((ref) => {
+  let lastLabel = -Infinity; // labels of equal scores stacked, not drawn over each other
+  [...references].sort((a, b) => b.value - a.value).forEach((ref) => {
+    const at = Math.max(y(ref.value) + 4, lastLabel + 13);
+    lastLabel = at;
     svg.append(
       s("line", { class: "reference", x1: margin.left, x2: margin.left + plotW, y1: y(ref.value),
         y2: y(ref.value) }, s("title", {}, `${ref.name}: ${ref.value.toFixed(4)}`)),
-      s("text", { x: margin.left + plotW + 4, y: y(ref.value) + 4 }, `${ref.name} ${ref.value.toFixed(3)}`),
+      s("text", { x: margin.left + plotW + 4, y: at }, `${ref.name} ${ref.value.toFixed(3)}`),
     );
   });
   svg.append(
@@ -102,13 +106,15 @@ export function barChart({ groups, series, references = [], best = -1, yLabel = 
 /** A rows × columns heatmap; `describe(row, column, value)` is what hovering a cell shows. */
 export function heatmap({ rows, columns, values, describe }) {
   const cell = 26;
-  const left = 90;
-  const topMargin = 24;
+  const left = 70;
+  const topMargin = 10 + 5.2 * Math.max(...columns.map((name) => String(name).length)); // slanted names
   const max = Math.max(1e-12, ...values.flat());
-  const svg = s("svg", { class: "chart heat", viewBox: `0 0 ${left + columns.length * cell + 10} ${topMargin + rows.length * cell + 10}`,
+  const svg = s("svg", { class: "chart heat", viewBox: `0 0 ${left + columns.length * cell + topMargin} ${topMargin + rows.length * cell + 10}`,
     role: "img", "aria-label": "heatmap" });
-  columns.forEach((name, c) => svg.append(s("text", { x: left + c * cell + cell / 2, y: 16,
-    "text-anchor": "middle" }, name)));
+  columns.forEach((name, c) => {
+    const x = left + c * cell + cell / 2;
+    svg.append(s("text", { x, y: topMargin - 6, transform: `rotate(-50 ${x} ${topMargin - 6})` }, name));
+  });
   const tip = h("div", { class: "tooltip", hidden: true, role: "status" });
   rows.forEach((name, r) => {
     svg.append(s("text", { x: left - 6, y: topMargin + r * cell + cell / 2 + 4, "text-anchor": "end" }, name));
@@ -137,8 +143,8 @@ export function heatmap({ rows, columns, values, describe }) {
 
 function shade(fraction) {
   const t = Math.max(0, Math.min(1, fraction));
-  const light = 95 - 60 * t;
-  return `hsl(${220 - 200 * t}, 75%, ${light}%)`;
+  const light = 96 - 66 * t; // one hue, light (0) to dark (the largest value)
+  return `hsl(215, 70%, ${light}%)`;
 }
 
 /**

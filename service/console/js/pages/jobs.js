@@ -88,11 +88,11 @@ function jobRow(job) {
     "tr",
     { "data-job": job.id, "data-kind": job.kind },
     h("td", { class: "mono" }, link(`/${COLLECTION[job.kind]}/${job.id}`, shortId(job.id))),
-    h("td", {}, job.kind),
+    h("td", { class: "nowrap" }, job.kind),
     h("td", {}, h("div", { class: "name" }, job.name || ""), cells.detail),
     cells.status,
     cells.progress,
-    h("td", { class: "hide-narrow" }, when(job.created_at)),
+    h("td", { class: "hide-narrow nowrap" }, when(job.created_at)),
     cells.action,
   );
   const update = (fresh) => {
