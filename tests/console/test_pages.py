@@ -17,6 +17,7 @@ from selenium.webdriver.support.ui import Select
 from engine.progress import Progress
 from tests.console.browser import PHONE, Page
 from tests.console.conftest import PAYLOAD, Seeded
+from tests.evaluation.conftest import TASK
 from worker.examples import make_checkpoint
 from worker.lease import JobLease
 
@@ -295,6 +296,25 @@ def test_a_bad_value_shows_the_api_s_error_beside_its_field(page: Page, seeded: 
         "the source's error", lambda: page.find("[data-error-for='experts.task']:not([hidden])")
     )
     assert "nowhere" in missing.text and page.find("[data-error-for='params.bottom']").text == ""
+
+
+def test_a_sweep_from_a_preset_with_a_bad_budget_shows_the_error_beside_it(
+    page: Page, seeded: Seeded
+) -> None:
+    body = {"preset": "paper-default", "task_experts": ["math"], "language_experts": ["swh"],
+            "evaluation": {"tasks": [TASK]}, "objective": {"task": TASK}, "budget": 0}  # fmt: skip
+    api = seeded.client.post("/v1/sweeps", json=body)
+    assert api.status_code == 422, api.text
+    (problem,) = api.json()["error"]["details"]["problems"]
+    page.open("/new/sweep")
+    assert page.find("[name=preset]").get_attribute("value") == "paper-default"
+    typed = {"task_experts": "math", "language_experts": "swh", "evaluation.tasks": TASK,
+             "objective.task": TASK, "budget": "0"}  # fmt: skip
+    for name, value in typed.items():
+        page.find(f"[name='{name}']").send_keys(value)
+    page.find("form.create button[type=submit]").click()
+    error = page.eventually("the error", lambda: page.find("[data-error-for=budget]:not([hidden])"))
+    assert problem["field"] == "budget" and error.text == problem["message"]
 
 
 def test_markup_stored_in_a_job_is_shown_as_text(page: Page, seeded: Seeded) -> None:

@@ -145,6 +145,17 @@ export async function watchJob(path, onChange, signal) {
   }
 }
 
+/**
+ * Draw the page again (as if navigated to anew) when the job at `path` moves on from `shown`:
+ * its status or progress. For the pages that show a job whole, each time it changes.
+ */
+export function redrawOnChange(path, shown, signal) {
+  const moved = (job) => job.status !== shown.status || job.progress.done !== shown.progress.done;
+  watchJob(path, (job) => {
+    if (moved(job)) window.dispatchEvent(new HashChangeEvent("hashchange"));
+  }, signal);
+}
+
 /** Where a job of `kind` is read in the API, and shown in the console. */
 export const COLLECTION = {
   merge: "merges",

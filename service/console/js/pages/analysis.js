@@ -1,12 +1,13 @@
 // An analysis: each expert's heatmap over layers and parameter kinds (hover or focus a cell:
 // layer, module, value), and the suggested (bottom, top) — a heuristic, labelled so.
 
-import { api } from "../api.js";
+import { api, redrawOnChange, TERMINAL } from "../api.js";
 import { heatmap } from "../charts.js";
 import { facts, h, number, progress, section, shortId, status, table, when } from "../dom.js";
 
 export async function render({ main, id, params, signal }) {
   const job = await api(`/v1/analyses/${id}`, { signal });
+  if (!TERMINAL.has(job.status)) redrawOnChange(`/v1/analyses/${id}`, job, signal);
   main.append(h("h1", {}, `Analysis ${shortId(id)}`), section("Status", facts([
     ["id", h("span", { class: "mono" }, job.id)],
     ["status", status(job.status)],

@@ -1,11 +1,12 @@
 // An evaluation: its scores, and its per-document samples, filtered by right or wrong; for a
 // merge's evaluation, beside an input expert's answers to the same documents.
 
-import { api, ApiError, TERMINAL } from "../api.js";
+import { api, ApiError, redrawOnChange, TERMINAL } from "../api.js";
 import { facts, h, link, number, progress, section, shortId, status, table, when } from "../dom.js";
 
 export async function render({ main, id, params, signal }) {
   const job = await api(`/v1/evaluations/${id}`, { signal });
+  if (!TERMINAL.has(job.status)) redrawOnChange(`/v1/evaluations/${id}`, job, signal);
   main.append(h("h1", {}, `Evaluation ${shortId(id)}`), overview(job));
   const scores = (job.result && job.result.scores) || [];
   if (scores.length) {
