@@ -60,10 +60,11 @@ def list_all_jobs(
         parts.append(_job_rows(tenant, kind, status, q, after))
     if kind in (None, SWEEP):
         parts.append(_sweep_rows(tenant, status, q, after))
-    listed = union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
-    query = (
-        sql_select(listed).order_by(listed.c.created_at.desc(), listed.c.id.desc()).limit(limit + 1)
-    )
+    # Each table's newest limit + 1 first (an index walk each), then the newest of those: the
+    # page never sorts the whole list.
+    pages = [sql_select(_newest(part, limit + 1).subquery()) for part in parts]
+    listed = union_all(*pages).subquery() if len(pages) > 1 else pages[0].subquery()
+    query = _newest(sql_select(listed), limit + 1)
     with context.db.session() as session:
         rows = [dict(row._mapping) for row in session.execute(query)]
     next_cursor = None
@@ -76,6 +77,14 @@ def list_all_jobs(
         "items": [shown.value(_summary(row, progress)) for row in rows],
         "next_cursor": next_cursor,
     }
+
+
+def _newest(query: Select[Any], count: int) -> Select[Any]:
+    """The `count` newest rows of `query` (by created_at, then id). A member of a UNION must
+    be wrapped once more: SQLite takes no ORDER BY or LIMIT on one."""
+    inner = query.subquery()
+    ordered = sql_select(inner).order_by(inner.c.created_at.desc(), inner.c.id.desc())
+    return ordered.limit(count)
 
 
 def _filters(
