@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure the local PostgreSQL (127.0.0.1:5432, trust auth) and Redis the tests use are running;
+# Make sure the local PostgreSQL (127.0.0.1:5432, trust auth) and Redis the tests use are running
+# (and that Chromium, which the console tests drive, is installed);
 # start it, or install it from Debian's packages, when it is not.
 set -euo pipefail
 
@@ -33,3 +34,9 @@ if ! redis_ready; then
     for _ in $(seq 1 30); do redis_ready && break; sleep 1; done
 fi
 redis_ready || { echo "services: Redis is not reachable on 127.0.0.1:6379" >&2; exit 1; }
+
+# Chromium and its WebDriver: the web console's tests (tests/console) drive them headless.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "services: installing chromium and chromium-driver" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi

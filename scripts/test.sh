@@ -20,4 +20,6 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 echo "== mergekit 0.1.5 for the parity tests (bench/setup.sh: idempotent)"
 bash "$ROOT/bench/setup.sh"
 echo "== pytest"
+# The console tests save a screenshot of each page here (a test artifact CI can keep).
+export CONSOLE_SCREENSHOTS="${CONSOLE_SCREENSHOTS:-$ROOT/build/screenshots}"
 .venv/bin/python -m pytest "$@"

@@ -3,7 +3,8 @@ its caller chose (layerswap/app.py: local or celery).
 
 The API's description (/docs, /redoc, /openapi.json, and /v1/methods in meta.py) answers without
 a key, auth on or off: it is made from the code alone, the same for every deployment and tenant,
-and a client reads it before it holds a key. Every other route needs a tenant's key, /metrics the
+and a client reads it before it holds a key. So do the web console's static files (/ui/,
+service/api/console.py). Every other route needs a tenant's key, /metrics the
 operator's token (tests/service/test_api_security.py enumerates the routes)."""
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from core.settings import Settings
 from service.api import (
     analyses,
     artifacts,
+    console,
     errors,
     evaluations,
+    jobs,
     merges,
     meta,
     sweeps,
@@ -63,8 +66,9 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     # Outside routing: Host, Origin, media type and body size are checked before a body is
     # parsed or a key looked up.
     app.add_middleware(RequestGuard, settings=settings)
-    for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
+    for module in (jobs, merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
+    app.router.routes.append(console.mount())  # the web console: static files, no key
     return app
 
 
