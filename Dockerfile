@@ -50,7 +50,8 @@ COPY layerswap /src/layerswap
 COPY client /src/client
 
 FROM ${BASE_IMAGE} AS runtime
-RUN useradd --create-home --uid 1000 layerswap && mkdir -p /data && chown layerswap /data
+RUN useradd --create-home --uid 1000 layerswap \
+    && mkdir -p /data/checkpoints /data/eval-data && chown -R layerswap /data
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 LAYERSWAP_DATA_DIR=/data
 WORKDIR /home/layerswap

@@ -25,7 +25,6 @@ TASK_NAME = "layerswap.run_job"
 QUEUES = KIND_QUEUES
 
 
-
 def queue_for(kind: str) -> str:
     return kind_of(kind).queue
 
