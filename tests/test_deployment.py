@@ -117,3 +117,19 @@ def test_dockerfile_copies_what_exists() -> None:
         for path in source.split():
             assert (ROOT / path).exists(), path
     assert '"torch==2.13.0"' in text  # the pinned torch, installed first
+
+
+def test_the_test_override_sets_real_settings_and_only_swaps_images() -> None:
+    """deploy/compose.test.yml (tests/docker): its LAYERSWAP_* variables are real, valid
+    settings, and it names no service the production file lacks."""
+    override = yaml.safe_load((ROOT / "deploy" / "compose.test.yml").read_text())
+    production = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert set(override["services"]) <= set(production["services"])
+    fields = set(Settings.model_fields)
+    for name, service in override["services"].items():
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        assert all(k.removeprefix("LAYERSWAP_").lower() in fields for k in env), name
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            Settings(executor="celery")  # raises if any value is invalid
