@@ -114,6 +114,7 @@ def test_the_deployment_is_ready_non_root_and_keeps_no_secret_in_its_image(
 ) -> None:
     ready = httpx.get(f"{deployment.api_url}/readyz").json()
     assert ready == {"status": "ready", "broker": "ok"}  # the database and Redis, both asked
+    assert "database schema migrated from <none> to " in deployment.logs("migrate")
     for service in ("api", "worker-cpu", "flower"):
         assert deployment.exec(service, "id", "-u") == "1000", service
     config = image_config("layerswap:latest")
