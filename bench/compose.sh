@@ -13,8 +13,7 @@ COMPOSE=(docker compose)
 docker compose version >/dev/null 2>&1 || COMPOSE=(docker-compose)
 FILES=(-f docker-compose.yml -f deploy/compose.test.yml --profile cpu)
 export FLOWER_BASIC_AUTH=bench:bench
-ARGS=(--build-arg BASE_IMAGE=layerswap-test/python:3.11
-      --build-arg BUILD_IMAGE=layerswap-test/python-build:3.11
+ARGS=(--build-arg BASE_IMAGE=layerswap-test/python-build:3.11
       --build-arg TORCH_SPEC=torch==2.13.0+cpu)
 
 seconds() { local t0=$SECONDS; "$@" >/dev/null 2>&1; echo $((SECONDS - t0)); }

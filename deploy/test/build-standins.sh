@@ -2,8 +2,8 @@
 # Build the stand-in images deploy/compose.test.yml names (no image registry is reachable where
 # the tests run): a Debian bookworm base made with debootstrap (only when missing: it is the slow
 # step), then python, python-build, postgres and redis images from Debian's packages.
-# python-build gets this machine's pip CA bundle and torch's CPU wheel from pip's find-links
-# folder (`pip config list`); the production Dockerfile never sees either.
+# python-build, the test images' base, gets this machine's pip CA bundle and torch's CPU wheel
+# from pip's find-links folder (`pip config list`); the production files never name either.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${PYTHON:-python3}"
