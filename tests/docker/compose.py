@@ -52,7 +52,8 @@ class Compose:
     project: str
     env: dict[str, str]
     command: list[str] = field(default_factory=lambda: compose_command() or [])
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds, printed at the end
+    up_started: float = 0.0  # time.monotonic() at the first `up -d`
 
     @property
     def api_url(self) -> str:
