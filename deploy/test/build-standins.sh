@@ -33,8 +33,12 @@ for folder in $(pip_option find-links); do
 done
 cp "$HERE/python/build.Dockerfile" "$context/Dockerfile"
 
-docker build -q -t layerswap-test/python:3.11 "$HERE/python" >/dev/null
-docker build -q -t layerswap-test/python-build:3.11 "$context" >/dev/null
-docker build -q -t layerswap-test/postgres:15 "$HERE/postgres" >/dev/null
-docker build -q -t layerswap-test/redis:7 "$HERE/redis" >/dev/null
+# Side by side (apt downloads overlap), then the one that builds on python.
+build() { docker build -q -t "$1" "$2" >/dev/null; }
+build layerswap-test/postgres:15 "$HERE/postgres" & postgres=$!
+build layerswap-test/redis:7 "$HERE/redis" & redis=$!
+build layerswap-test/python:3.11 "$HERE/python"
+build layerswap-test/python-build:3.11 "$context"
+wait "$postgres"
+wait "$redis"
 echo "standins: built" >&2
