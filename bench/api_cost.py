@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     commit = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "service", "migrations")
+    dirty = git("status", "--porcelain", "service", "core/db/migrations")
     meta = {
         "commit": commit + (" (+ uncommitted changes)" if dirty else ""),
         "baseline": git("log", "-1", "--format=%h (%cs)", args.baseline),

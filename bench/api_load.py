@@ -1139,9 +1139,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _terminate)
 
     commit = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "worker", "service", "migrations")
+    dirty = git("status", "--porcelain", "worker", "service", "core/db/migrations")
     meta = {
-        "commit": commit + (" (+ uncommitted changes in worker/, service/ or migrations/)"
+        "commit": commit + (" (+ uncommitted changes in worker/, service/ or core/db/migrations/)"
                             if dirty else ""),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "command": " ".join([".venv/bin/python bench/api_load.py", *cli_args]),

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     broker_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Redis for the celery executor (jobs ids only)"
     )
+    broker_visibility_timeout_s: float = Field(
+        12 * 3600.0,
+        gt=0,
+        description="Redis hands a delivered, unacknowledged job id out again after this long "
+        "(a backstop: the reconciler finds dead workers sooner, and a repeat does nothing)",
+    )
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="how often a running job proves it is alive (and sees a cancel)"
     )

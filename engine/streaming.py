@@ -7,16 +7,16 @@ Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compi
 every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py), nuslerp and model_stock in
 numba and torch (angle_kernels.py); torch, seconds to import, is loaded only for the rest (CUDA,
 float64, slerp), while the copies are written.
-Cancellation is checked between tensors and chunks; progress is reported between chunks and,
-while the last writes drain, every half second.
+Cancellation is checked between tensors and chunks; progress is reported by a thread that
+follows the writer, block by block (_Feedback).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -77,12 +77,13 @@ def stream_shards(
         for shard, (header, _) in zip(plan.shards, layout, strict=True)
     ]
     writer = OutputWriter(staging, files, durable=durable)
-    feedback = _Feedback(writer, sum(size for _, _, size in files), len(plan.tensors), started,
-                         on_progress, should_cancel)  # fmt: skip
+    total = sum(size for _, _, size in files)
+    feedback = _Feedback(writer, total, len(plan.tensors), started, tick_s, on_progress,
+                         should_cancel)  # fmt: skip
     try:
-        feedback.report()
-        _write_tensors(plan, layout, writer, device, chunk_elements, feedback)
-        writer.finish(on_tick=feedback.tick, tick_s=tick_s)
+        with feedback:
+            _write_tensors(plan, layout, writer, device, chunk_elements, feedback)
+            writer.finish(on_tick=feedback.check_cancel, tick_s=tick_s)
     except BaseException:  # cleanup only (a cancel included): the writer stops, the error stays
         writer.abort()
         raise
@@ -90,16 +91,48 @@ def stream_shards(
     return writer.digests
 
 
-@dataclass(frozen=True)
 class _Feedback:
-    """A merge's progress reports (read from its writer) and its cancel check."""
+    """A merge's progress reports (read from its writer) and its cancel check.
 
-    writer: OutputWriter
-    total_bytes: int
-    total_tensors: int
-    started: float  # time.monotonic() when the merge began
-    on_progress: ProgressCallback | None
-    should_cancel: CancelCheck | None
+    Inside `with`, reports come from a thread of their own that follows the writer block by
+    block (and every `tick_s`), so progress moves however busy the producer is: importing a
+    kernel, computing a chunk, or waiting behind GBs of copies for the writer to reach its
+    offset. Outside it (the start, "finalizing") the caller reports; the two never overlap."""
+
+    def __init__(
+        self,
+        writer: OutputWriter,
+        total_bytes: int,
+        total_tensors: int,
+        started: float,  # time.monotonic() when the merge began
+        tick_s: float,
+        on_progress: ProgressCallback | None,
+        should_cancel: CancelCheck | None,
+    ) -> None:
+        self.writer = writer
+        self.total_bytes = total_bytes
+        self.total_tensors = total_tensors
+        self.started = started
+        self.tick_s = tick_s
+        self.on_progress = on_progress
+        self.should_cancel = should_cancel
+        self._stop = threading.Event()
+        self._failed: list[BaseException] = []  # raised by on_progress in the reporting thread
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> _Feedback:
+        self.report()
+        if self.on_progress is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, error_type: type[BaseException] | None, *exc: object) -> None:
+        self._stop.set()
+        self.writer.wake()
+        if self._thread.is_alive():
+            self._thread.join()
+        if error_type is None:
+            self._raise_if_failed()
 
     def report(self, stage: str = "merging") -> None:
         if self.on_progress is not None:
@@ -110,13 +143,24 @@ class _Feedback:
             )  # fmt: skip
 
     def check_cancel(self) -> None:
+        self._raise_if_failed()
         if self.should_cancel is not None and self.should_cancel():
             raise MergeCanceled("merge canceled; no output was left behind")
 
-    def tick(self) -> None:
-        """While the last writes drain: cancel still honoured, progress still shown."""
-        self.check_cancel()
-        self.report()
+    def _follow(self) -> None:
+        seen = self.writer.bytes_written
+        try:
+            while True:
+                seen = self.writer.wait_written(seen, self.tick_s, self._stop.is_set)
+                if self._stop.is_set():
+                    return
+                self.report()
+        except BaseException as e:  # the thread's boundary: the producer raises it
+            self._failed.append(e)
+
+    def _raise_if_failed(self) -> None:
+        if self._failed:
+            raise self._failed[0]
 
 
 def _write_tensors(
@@ -145,7 +189,6 @@ def _write_tensors(
         if tensor.op != "copy":
             feedback.check_cancel()
             _write_computed(plan, tensor, writer, kernels, file, offset, feedback.check_cancel)
-            feedback.report()
 
 
 class ChunkKernels(Protocol):

@@ -184,6 +184,18 @@ class OutputWriter:
         self._close()
         self._raise_if_failed()
 
+    def wait_written(self, seen: int, timeout: float, stop: Callable[[], bool]) -> int:
+        """bytes_written once it differs from `seen`, or `stop()` is true (checked again on
+        `wake`), or after `timeout` seconds: a progress reporter follows the writes with it."""
+        with self._state:
+            self._state.wait_for(lambda: self.bytes_written != seen or stop(), timeout)
+            return self.bytes_written
+
+    def wake(self) -> None:
+        """Have every wait_written look at its `stop` again."""
+        with self._state:
+            self._state.notify_all()
+
     def abort(self) -> None:
         with self._state:
             if self._error is None:
@@ -349,6 +361,7 @@ class OutputWriter:
             self._write(block)
             with self._state:
                 self.bytes_written += block.length
+                self._state.notify_all()  # for wait_written
             self._done_with(block)
 
     def _write(self, block: _Block) -> None:

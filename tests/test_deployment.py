@@ -44,11 +44,35 @@ def test_compose_has_every_service(compose: dict[str, Any]) -> None:
     assert services["worker-cpu"]["profiles"] == ["cpu"] and "deploy" not in services["worker-cpu"]
 
 
+def test_only_the_gpu_profile_needs_a_gpu(compose: dict[str, Any]) -> None:
+    """`--profile cpu up -d` must start on a host without the NVIDIA runtime: every service
+    with a device reservation is in the `gpu` profile, which that command leaves out."""
+    for name, service in compose["services"].items():
+        if "devices" in json.dumps(service.get("deploy", {})):
+            assert service.get("profiles") == ["gpu"], name
+
+
+def test_production_files_name_the_official_images(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["postgres"]["image"] == "postgres:16"
+    assert services["redis"]["image"] == "redis:7"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
+    # The test override's stand-ins and build-only pip settings stay out of both files.
+    for text in (dockerfile, (ROOT / "docker-compose.yml").read_text()):
+        assert "layerswap-test" not in text and "find-links" not in text and "cert" not in text
+    workers = {services[s]["image"] for s in ("worker", "worker-cpu")}
+    lean = {services[s]["image"] for s in ("api", "migrate", "flower")}
+    assert workers == {"layerswap:latest"} and lean == {"layerswap-api:latest"}
+    assert services["api"]["build"]["target"] == "api"
+    assert services["worker"]["build"]["target"] == "worker"
+
+
 def test_compose_flower_is_local_password_protected_and_given_only_the_broker(
     compose: dict[str, Any],
 ) -> None:
     flower = compose["services"]["flower"]
-    assert flower["ports"] == ["127.0.0.1:5555:5555"]  # this host's loopback only
+    assert flower["ports"] == ["127.0.0.1:${FLOWER_PORT:-5555}:5555"]  # this host's loopback only
     env = flower["environment"]
     assert set(env) == {"FLOWER_BASIC_AUTH"}  # no database URL, no Hub tokens
     # ${VAR:?message}: compose refuses to start flower without a password.
@@ -89,7 +113,23 @@ def test_compose_commands_exist(compose: dict[str, Any]) -> None:
 
 def test_dockerfile_copies_what_exists() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, flags=re.MULTILINE):
+    for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", text, flags=re.MULTILINE):
         for path in source.split():
             assert (ROOT / path).exists(), path
     assert '"torch==2.13.0"' in text  # the pinned torch, installed first
+
+
+def test_the_test_override_sets_real_settings_and_only_swaps_images() -> None:
+    """deploy/compose.test.yml (tests/docker): its LAYERSWAP_* variables are real, valid
+    settings, and it names no service the production file lacks."""
+    override = yaml.safe_load((ROOT / "deploy" / "compose.test.yml").read_text())
+    production = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert set(override["services"]) <= set(production["services"])
+    fields = set(Settings.model_fields)
+    for name, service in override["services"].items():
+        env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+        assert all(k.removeprefix("LAYERSWAP_").lower() in fields for k in env), name
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            Settings(executor="celery")  # raises if any value is invalid

@@ -24,12 +24,6 @@ log = logging.getLogger("layerswap.celery")
 TASK_NAME = "layerswap.run_job"
 QUEUES = KIND_QUEUES
 
-# Longer than any merge should take. Redis has no acks: a delivered, unacknowledged message is
-# handed out again once this expires, *while its task may still be running* (the classic
-# Celery-on-Redis pitfall with long tasks). The claim makes such a redelivery harmless, and
-# dead workers are found much sooner by the reconciler's heartbeat check, so this is a backstop.
-VISIBILITY_TIMEOUT_S = 12 * 3600
-
 
 def queue_for(kind: str) -> str:
     return kind_of(kind).queue
@@ -49,7 +43,7 @@ def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
         # job hostage that an idle worker could start now.
         worker_prefetch_multiplier=1,
         task_reject_on_worker_lost=True,
-        broker_transport_options=_transport_options(publisher=publisher),
+        broker_transport_options=_transport_options(settings, publisher=publisher),
         # Job state lives in the database: no result backend, nothing to expire or clean.
         task_ignore_result=True,
         task_serializer="json",
@@ -73,11 +67,17 @@ def make_celery(settings: Settings, *, publisher: bool = False) -> Celery:
     return app
 
 
-def _transport_options(*, publisher: bool) -> dict[str, Any]:
+def _transport_options(settings: Settings, *, publisher: bool) -> dict[str, Any]:
     """Redis's: the redelivery backstop, short socket timeouts, and (a publisher's) no retry of
     a command that timed out."""
     return {
-        "visibility_timeout": VISIBILITY_TIMEOUT_S,
+        # Longer than any merge should take (12 h by default). Redis has no acks: a delivered,
+        # unacknowledged message is handed out again once this expires, *while its task may
+        # still be running* (the classic Celery-on-Redis pitfall with long tasks). The claim
+        # makes such a redelivery harmless, and dead workers are found much sooner by the
+        # reconciler's heartbeat check, so this is a backstop.
+        "visibility_timeout": settings.broker_visibility_timeout_s,
+        **_restore_sweep(settings.broker_visibility_timeout_s),
         # A submit must not hang on a dead broker: the job is in the database already,
         # and the reconciler dispatches it when Redis is back.
         "socket_connect_timeout": 2,
@@ -86,6 +86,15 @@ def _transport_options(*, publisher: bool) -> dict[str, Any]:
         # unknown either way, and a lost or doubled delivery is harmless (reconciler, claim).
         "retry_on_timeout": not publisher,
     }
+
+
+def _restore_sweep(visibility_timeout_s: float) -> dict[str, int]:
+    """How often a worker looks for deliveries past the visibility timeout (kombu: a call every
+    `interval` seconds, a Redis scan every `throttle`-th call): kombu's 100 s by default, and at
+    least twice per timeout when the timeout is shorter, so a short one is honoured too."""
+    interval = max(1, min(10, int(visibility_timeout_s // 4)))
+    throttle = max(1, int(min(100.0, visibility_timeout_s / 2) // interval))
+    return {"unacked_restore_interval": interval, "unacked_restore_throttle": throttle}
 
 
 def register_task(app: Celery, settings: Settings) -> None:

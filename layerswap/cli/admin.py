@@ -73,5 +73,4 @@ def db_upgrade() -> None:
     """Apply Alembic migrations up to the newest."""
     settings = load_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(settings.database)
-    click.echo("database schema is up to date")
+    click.echo(upgrade(settings.database).describe())

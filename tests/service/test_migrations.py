@@ -4,16 +4,20 @@ and read correctly through the models at head, on real SQLite and PostgreSQL."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from click.testing import CliRunner
 from sqlalchemy import MetaData, create_engine, inspect
 
-from core.db.migrate import upgrade
+from core.db.migrate import SchemaChange, alembic_config, upgrade
 from core.db.models import ApiKey, Artifact, Job, JobEvent, LineageEdge, Tenant, as_utc
 from core.db.session import Database
 from core.lineage import artifact_dict, graph
 from core.quota import usage
+from layerswap.cli import cli
 from service.schemas import JobRead, job_read
 
 WHEN = datetime(2026, 11, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -148,3 +152,27 @@ def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
         assert (shown["size_bytes"], shown["deleted_at"], shown["published"]) == (None, None, [])
     finally:
         db.dispose()
+
+
+def test_db_upgrade_says_what_it_did(database_url: str, tmp_path: Path) -> None:
+    """On an empty database it migrates from nothing to the newest revision and says so; run
+    again, it says the schema is up to date; from an older revision, it names both."""
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    env = {"LAYERSWAP_DATABASE_URL": database_url, "LAYERSWAP_DATA_DIR": str(tmp_path / "data")}
+    runner = CliRunner()
+
+    first = runner.invoke(cli, ["db", "upgrade"], env=env)
+    assert first.exit_code == 0, first.output
+    assert first.output.strip() == f"database schema migrated from <none> to {head}"
+    assert revision(database_url) == head
+
+    again = runner.invoke(cli, ["db", "upgrade"], env=env)
+    assert again.exit_code == 0, again.output
+    assert again.output.strip() == f"database schema is up to date (revision {head})"
+
+
+def test_upgrade_from_an_older_revision_reports_both(database_url: str) -> None:
+    assert upgrade(database_url, "0006") == SchemaChange(None, "0006")
+    change = upgrade(database_url)
+    assert change.before == "0006" and change.after == revision(database_url) != "0006"
+    assert change.describe() == f"database schema migrated from 0006 to {change.after}"
