@@ -30,3 +30,15 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         "$TORCH_SPEC" pip -e "$ROOT/client" -e "$ROOT[dev]"
     echo "$want" >"$stamp"
 fi
+
+# Bytecode of everything installed, when asked (test.sh does: the suite starts hundreds of
+# processes). pip compiled it at install; uv leaves it to the first import, which cannot cache
+# it where PYTHONDONTWRITEBYTECODE is set: every process would compile torch and transformers
+# again, seconds each. A module that does not compile (some packages ship such test files) is
+# not an error here.
+bytecode="$VENV/.layerswap-bytecode"
+if [[ "${LAYERSWAP_COMPILE_BYTECODE:-0}" == 1 && "$(cat "$bytecode" 2>/dev/null)" != "$want" ]]; then
+    echo "setup: compiling bytecode in $VENV" >&2
+    "$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python3*/site-packages >/dev/null || true
+    echo "$want" >"$bytecode"
+fi

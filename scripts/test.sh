@@ -3,7 +3,7 @@
 # a broken link or a missing page fails) and run the whole test suite.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/setup.sh"
+LAYERSWAP_COMPILE_BYTECODE=1 source "$ROOT/scripts/setup.sh"
 "$ROOT/scripts/services.sh"
 "$ROOT/scripts/setup_mlflow.sh"
 cd "$ROOT"
