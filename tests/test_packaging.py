@@ -51,9 +51,13 @@ def uv() -> str:
     return str(find_uv_bin())
 
 
+def uv_env_module() -> dict[str, Any]:
+    return runpy.run_path(str(ROOT / "scripts" / "uv_env.py"))
+
+
 def uv_environment() -> dict[str, str]:
     """The environment scripts/setup.sh gives uv: the machine's pip configuration translated."""
-    translate = runpy.run_path(str(ROOT / "scripts" / "uv_env.py"))
+    translate = uv_env_module()
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
                              capture_output=True, text=True, check=False).stdout  # fmt: skip
     wanted = translate["uv_environment"](translate["parse_pip_config"](listing), os.environ)
@@ -161,6 +165,37 @@ def engine_only(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Install
 @pytest.fixture(scope="module")
 def server(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return install(tmp_path_factory.mktemp("server"), dist, extra="server")
+
+
+def test_pip_configuration_becomes_uv_variables() -> None:
+    translate = uv_env_module()
+    listing = "\n".join([
+        ":env:.find-links='/opt/wheels'",
+        "global.find-links='/elsewhere /also'",  # the PIP_* variable wins, as in pip
+        "global.extra-index-url='file:///a/simple file:///b/simple'",
+        "install.index-url='https://mirror.example/simple'",
+        "global.index-url='https://ignored.example/simple'",  # [install] wins over [global]
+        "global.cert='/etc/ca.crt'",
+        "global.constraint='/etc/pip/constraints.txt'",
+        "global.trusted-host='mirror.example other.example'",
+        "global.timeout='60'",
+        "download.find-links='/for/pip/download/only'",
+        "not a setting",
+    ])  # fmt: skip
+    options = translate["parse_pip_config"](listing)
+    assert options["find-links"] == "/opt/wheels"
+    assert options["index-url"] == "https://mirror.example/simple"
+    given = {"SSL_CERT_FILE": "/mine.pem", "UV_HTTP_TIMEOUT": "5"}  # already set: left alone
+    assert translate["uv_environment"](options, given) == {
+        "UV_FIND_LINKS": "/opt/wheels",
+        "UV_DEFAULT_INDEX": "https://mirror.example/simple",
+        "UV_INDEX": "file:///a/simple file:///b/simple",
+        "UV_INDEX_STRATEGY": "unsafe-best-match",
+        "UV_CONSTRAINT": "/etc/pip/constraints.txt",
+        "UV_INSECURE_HOST": "mirror.example other.example",
+    }
+    several = translate["uv_environment"]({"find-links": "/a /b"}, {})
+    assert several == {"UV_FIND_LINKS": "/a,/b"}  # uv's list of find-links is comma-separated
 
 
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
