@@ -21,10 +21,17 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml" "$ROOT/constrai
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "setup: installing into $VENV with uv $UV_VERSION" >&2
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv --without-pip "$VENV"
-    if [[ "$("$VENV/bin/uv" --version 2>/dev/null)" != "uv $UV_VERSION"* ]]; then
-        "$PYTHON" -m pip --python "$VENV/bin/python" install -q "uv==$UV_VERSION"
+    # pip installs uv, and its configuration is what uv is given: the interpreter's pip, else
+    # (none beside it) the virtualenv's own from ensurepip.
+    pip=("$PYTHON" -m pip --python "$VENV/bin/python")
+    if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        "$VENV/bin/python" -m ensurepip >/dev/null
+        pip=("$VENV/bin/python" -m pip)
     fi
-    eval "$("$PYTHON" "$ROOT/scripts/uv_env.py")"
+    if [[ "$("$VENV/bin/uv" --version 2>/dev/null)" != "uv $UV_VERSION"* ]]; then
+        "${pip[@]}" install -q "uv==$UV_VERSION"
+    fi
+    eval "$("${pip[0]}" "$ROOT/scripts/uv_env.py")"
     # pip too, for habits (`.venv/bin/pip`) and tools that call it.
     "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -c "$ROOT/constraints.txt" \
         "$TORCH_SPEC" pip -e "$ROOT/client" -e "$ROOT[dev]"
