@@ -2,9 +2,9 @@
 # Idempotent set-up of the benchmark's own virtualenv (.venv-bench) holding mergekit.
 #
 # mergekit lives apart from the project's .venv so that its dependency pins (transformers 5,
-# accelerate, peft, datasets, ...) never touch the project. torch is installed FIRST and pinned
-# to the same CPU build the project uses; mergekit's own requirement (torch>=2.0.0) is then
-# already satisfied, so pip pulls no other torch and no CUDA packages. The layerswap side of the
+# accelerate, peft, datasets, ...) never touch the project. torch is pinned in the same
+# resolution, to the same CPU build the project uses; mergekit's own requirement (torch>=2.0.0)
+# is then satisfied by it, so no other torch and no CUDA packages come in. The layerswap side of the
 # benchmark runs from the project's .venv (scripts/setup.sh makes it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,10 +23,13 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
 fi
 
 echo "bench/setup.sh: creating $VENV" >&2
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q "$MERGEKIT_SPEC"
+# With the project's uv (scripts/setup.sh installs it) and the machine's pip configuration
+# given to it; bytecode compiled, since the parity tests start mergekit again and again.
+[[ -x "$ROOT/.venv/bin/uv" ]] || bash "$ROOT/scripts/setup.sh"
+eval "$("$ROOT/.venv/bin/python" "$ROOT/scripts/uv_env.py")"
+[[ -x "$VENV/bin/python" ]] || "$ROOT/.venv/bin/uv" venv -q --python "$PYTHON" "$VENV"
+"$ROOT/.venv/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" \
+    "$TORCH_SPEC" "$MERGEKIT_SPEC"
 
 # Refuse a set-up in which resolving mergekit replaced torch or brought in CUDA wheels.
 "$VENV/bin/python" - "$TORCH_SPEC" <<'PY'

@@ -10,8 +10,10 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 if [[ ! -f "$VENV/.layerswap-setup" || "$(cat "$VENV/.layerswap-setup")" != "$SPEC" ]]; then
     echo "setup: MLflow server virtualenv in $VENV" >&2
-    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "$SPEC"
+    # With the project's uv (scripts/setup.sh installs it), given the machine's pip configuration.
+    [[ -x "$ROOT/.venv/bin/uv" ]] || bash "$ROOT/scripts/setup.sh"
+    eval "$("$ROOT/.venv/bin/python" "$ROOT/scripts/uv_env.py")"
+    [[ -x "$VENV/bin/python" ]] || "$ROOT/.venv/bin/uv" venv -q --python "$PYTHON" "$VENV"
+    "$ROOT/.venv/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" "$SPEC"
     echo "$SPEC" >"$VENV/.layerswap-setup"
 fi

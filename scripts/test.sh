@@ -3,7 +3,7 @@
 # a broken link or a missing page fails) and run the whole test suite.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/setup.sh"
+LAYERSWAP_COMPILE_BYTECODE=1 source "$ROOT/scripts/setup.sh"
 "$ROOT/scripts/services.sh"
 # The Docker tests (tests/docker: docker-compose.yml, run) need an engine; without one they skip.
 "$ROOT/scripts/docker.sh" || echo "== no Docker engine: tests/docker will be skipped"

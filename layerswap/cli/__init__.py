@@ -2,6 +2,9 @@
 worker, keys, db (the service); submit, status, wait, lineage (a remote service, through the
 client).
 
+The base install carries the engine's commands and the remote ones; `serve` needs the `server`
+extra, `worker`, `db` and `keys` the `worker` extra, and says so when it is missing.
+
 A command's module is imported when that command runs (click's lazily loaded subcommands), so
 `layerswap status` loads the client only and `layerswap merge` never loads the web framework or
 Celery. Modules that import torch (the delta analysis, the example checkpoints) are imported
@@ -11,6 +14,7 @@ inside their commands besides, so the other commands of their module never load 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -21,7 +25,7 @@ COMMANDS = {
     "analyze": ("layerswap.cli.analyze:analyze", "Delta analysis of experts against their base."),
     "examples": ("layerswap.cli.analyze:examples", "Create tiny example checkpoints and recipes."),
     "serve": ("layerswap.cli.serve:serve", "Run the HTTP API."),
-    "worker": ("layerswap.cli.serve:worker", "Run a Celery worker."),
+    "worker": ("layerswap.cli.celery_worker:worker", "Run a Celery worker."),
     "keys": ("layerswap.cli.admin:keys", "API keys."),
     "db": ("layerswap.cli.admin:db", "Database schema."),
     "submit": ("layerswap.cli.remote:submit", "Submit RECIPE to a running service."),
@@ -29,6 +33,12 @@ COMMANDS = {
     "wait": ("layerswap.cli.remote:wait", "Follow a job until it ends."),
     "lineage": ("layerswap.cli.remote:lineage", "The artifacts and jobs an artifact came from."),
 }  # fmt: skip
+
+# command name -> the extra (pyproject.toml) it needs beyond the base install
+EXTRAS = {"serve": "server", "worker": "worker", "keys": "worker", "db": "worker"}
+
+# Our own top-level packages: a missing one of these is a broken install, not a missing extra.
+OURS = frozenset({"layerswap", "service", "worker", "core", "engine", "layerswap_client"})
 
 
 class LazyGroup(click.Group):
@@ -43,7 +53,19 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, attribute = COMMANDS[cmd_name][0].split(":")
-        command = getattr(importlib.import_module(module), attribute)
+        try:
+            command = getattr(importlib.import_module(module), attribute)
+        except ModuleNotFoundError as e:
+            missing = (e.name or "").partition(".")[0]
+            extra = EXTRAS.get(cmd_name)
+            if extra is None or not missing or missing in OURS:
+                raise
+            click.echo(
+                f"layerswap: error [missing_extra]: `layerswap {cmd_name}` needs the {extra!r} "
+                f"extra ({missing} is not installed): pip install 'layerswap[{extra}]'",
+                err=True,
+            )
+            sys.exit(2)
         assert isinstance(command, click.Command)
         return command
 
@@ -53,6 +75,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="layerswap", prog_name="layerswap")
 def cli() -> None:
     """Layerswap: merge fine-tuned LLM checkpoints (layer swap, soup, TIES, slerp, DARE, ...)."""
 
