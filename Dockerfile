@@ -3,8 +3,9 @@
 #   api (the default): the API, the one-shot migration and flower: no lm-eval (and none of its
 #                      datasets stack: pandas, pyarrow, scikit-learn; 0.56 GB)
 # Both are one virtualenv (/opt/venv) with torch (the API plans merges and reads checkpoint
-# headers with the engine), the service's dependencies and flower, run as the non-root user
-# `layerswap`, and share every layer up to the service's dependencies. No secret is read at
+# headers with the engine), the `server` extra's dependencies (the `worker` extra's with them)
+# and flower, run as the non-root user `layerswap`, and share every layer up to those
+# dependencies. No secret is read at
 # build time: every setting (database password, Hub tokens) comes from the environment when a
 # container starts.
 #
@@ -32,7 +33,7 @@ WORKDIR /tmp/deps
 COPY pyproject.toml constraints.txt ./
 COPY client/pyproject.toml client/
 COPY deploy/requirements.py deploy/
-RUN python deploy/requirements.py >requirements.txt \
+RUN python deploy/requirements.py server >requirements.txt \
     && pip install -c constraints.txt -r requirements.txt "flower==2.0.1" "setuptools>=77"
 
 # The source, alone in a stage: what both targets install last.
@@ -47,7 +48,7 @@ COPY client /src/client
 
 # The source last. Installed as a package (not editable): the Alembic migrations travel inside it.
 FROM deps AS worker
-RUN python deploy/requirements.py eval >requirements-eval.txt \
+RUN python deploy/requirements.py --extras-only eval >requirements-eval.txt \
     && pip install -c constraints.txt -r requirements-eval.txt
 COPY --from=source /src /tmp/src
 RUN pip install --no-deps --no-build-isolation --no-index /tmp/src /tmp/src/client \
