@@ -28,10 +28,8 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import overload
 
-from engine.float_bits import as_float32, to_bf16
+from engine.float_bits import as_float32, store
 from engine.input_rows import Array, InputRows
 from engine.memory import keep_freed_memory
 from engine.parallel import parallel
@@ -61,27 +59,6 @@ def handles(plan: Plan, device: str) -> bool:
 
 
 # -- the compiled kernel: works on elements [lo, hi) so that threads can split the work -------
-def _store(out: Any, j: int, value: Any) -> None:
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(_store, inline="always")
-def _store_impl(out: Any, j: Any, value: Any) -> Any:
-    """Into a BF16 output (uint16 bits): round to nearest-even, NaN as the canonical quiet
-    NaN (as linear_kernels.narrow); into a float32 one: as is."""
-    if isinstance(out.dtype, types.Integer):
-
-        def store_bf16(out: Any, j: Any, value: Any) -> Any:
-            out[j] = to_bf16(value)
-
-        return store_bf16
-
-    def as_is(out: Any, j: Any, value: Any) -> Any:
-        out[j] = value
-
-    return as_is
-
-
 _BLOCK = 512  # elements per inner loop: its five float32 rows stay in the L1 cache
 
 
@@ -129,7 +106,7 @@ def _combine(
             mixed = np.float32(mixed * lambda_)  # exact for λ = 1
             positive[q] = np.float32(b[q] + np.float32(mixed + zero))  # the result
         for q in range(width):  # a loop of its own: it vectorises only alone (measured 5x)
-            _store(block_out, q, positive[q])
+            store(block_out, q, positive[q])
 
 
 # -- the driver ---------------------------------------------------------------------------------
