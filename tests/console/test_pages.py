@@ -14,7 +14,6 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
-from engine.progress import Progress
 from tests.console.browser import PHONE, Page
 from tests.console.conftest import PAYLOAD, Seeded
 from tests.evaluation.conftest import TASK
@@ -331,15 +330,15 @@ def test_markup_stored_in_a_job_is_shown_as_text(page: Page, seeded: Seeded) -> 
 def test_progress_moves_while_a_merge_runs_and_cancel_works_from_the_page(
     page: Page, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The real merge, paced (each progress report waits a little) so that a browser has time
-    # to watch it: unpaced, this one ends within a second.
-    report = JobLease.progress
+    # The real merge, paced (each cancel check, made by the merge between chunks, waits a
+    # little) so that a browser has time to watch it: unpaced, this one ends within a second.
+    check = JobLease.should_cancel
 
-    def paced(lease: JobLease, progress: Progress) -> None:
-        report(lease, progress)
+    def paced(lease: JobLease) -> bool:
         time.sleep(PACE_S)
+        return check(lease)
 
-    monkeypatch.setattr(JobLease, "progress", paced)
+    monkeypatch.setattr(JobLease, "should_cancel", paced)
     checkpoints = seeded.live.settings.source_roots[0]
     make_checkpoint(checkpoints / "big-base", layers=8, hidden=512, intermediate=1536, seed=0)
     make_checkpoint(checkpoints / "big-expert", base=checkpoints / "big-base", seed=1)
