@@ -30,13 +30,12 @@ import torch
 
 from engine.angles import RULES, Nuslerp, Rule, vectors_of
 from engine.float_bits import as_float32, store
-from engine.input_rows import Array, InputRows
+from engine.input_rows import Array, InputRows, readable
 from engine.kernels import Kernels
 from engine.memory import keep_freed_memory
 from engine.parallel import THREADS, over
 from engine.plan import Plan, TensorPlan
 
-SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 _PIECE = 1 << 16  # elements per partial moment sum: a fixed split, whatever the threads
 _BLOCK = 512  # elements per inner loop: the float32 rows stay in the L1 cache
 
@@ -50,10 +49,7 @@ def handles(plan: Plan, device: str) -> bool:
     for tensor in plan.tensors:
         if tensor.op == "copy":
             continue
-        if tensor.op not in RULES or tensor.dtype not in SUPPORTED_DTYPES:
-            return False
-        dtypes = {plan.checkpoints[t.source].tensors[tensor.read_name].dtype for t in tensor.terms}
-        if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:
+        if tensor.op not in RULES or not readable(plan, tensor, (t.source for t in tensor.terms)):
             return False
     return True
 

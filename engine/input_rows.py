@@ -8,7 +8,7 @@ output's vocabulary where they are).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -19,6 +19,14 @@ from engine.parallel import side_by_side
 from engine.plan import Plan, TensorPlan
 
 Array = npt.NDArray[Any]
+SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
+
+
+def readable(plan: Plan, tensor: TensorPlan, sources: Iterable[int]) -> bool:
+    """Whether the kernels can read and write this tensor: its output and every source's copy
+    of it in one of SUPPORTED_DTYPES, the sources all in the same one."""
+    dtypes = {plan.checkpoints[s].tensors[tensor.read_name].dtype for s in sources}
+    return tensor.dtype in SUPPORTED_DTYPES and len(dtypes) == 1 and dtypes <= SUPPORTED_DTYPES
 
 
 class InputRows:

@@ -30,13 +30,12 @@ import numpy as np
 
 from engine.exact_sums import FLOAT32, rescale_factor, rounded_sum
 from engine.float_bits import as_float32, store
-from engine.input_rows import Array, InputRows
+from engine.input_rows import Array, InputRows, readable
 from engine.memory import keep_freed_memory
 from engine.parallel import THREADS, parallel
 from engine.plan import Plan, SparsifySettings, TensorPlan
 from engine.sparse_masks import DROPPERS, DeltaSource, Dropper, Inputs, row_width
 
-SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 _SUM_BINS = FLOAT32.bins
 _BLOCK = 512  # elements per inner loop of the combination: its rows stay in the L1 cache
 _jit = numba.njit(nogil=True, cache=True)
@@ -49,11 +48,7 @@ def handles(plan: Plan, device: str) -> bool:
     for tensor in plan.tensors:
         if tensor.op == "copy":
             continue
-        if tensor.op != "sparsify" or tensor.dtype not in SUPPORTED_DTYPES:
-            return False
-        read = plan.inputs_read(tensor)
-        dtypes = {plan.checkpoints[s].tensors[tensor.read_name].dtype for s in read}
-        if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:  # one (validate.py checks it)
+        if tensor.op != "sparsify" or not readable(plan, tensor, plan.inputs_read(tensor)):
             return False
         if plan.sparsify.dropping == "magprune" and len(tensor.shape) > 2:
             return False  # its ranks run along dim 1 of a 3-D block: the torch path has them

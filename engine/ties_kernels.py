@@ -30,13 +30,12 @@ import numba
 import numpy as np
 
 from engine.float_bits import as_float32, store
-from engine.input_rows import Array, InputRows
+from engine.input_rows import Array, InputRows, readable
 from engine.memory import keep_freed_memory
 from engine.parallel import parallel
 from engine.plan import Plan, TensorPlan, TiesSettings
 from engine.ties_selection import DeltaInputs, Selection
 
-SUPPORTED_DTYPES = frozenset({"BF16", "F16", "F32"})
 _BINS = 1 << 16
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
@@ -49,11 +48,8 @@ def handles(plan: Plan, device: str) -> bool:
     for tensor in plan.tensors:
         if tensor.op == "copy":
             continue
-        if tensor.op != "ties" or tensor.dtype not in SUPPORTED_DTYPES:
-            return False
         sources = {t.source for t in tensor.terms} | {plan.ties.base}
-        dtypes = {plan.checkpoints[source].tensors[tensor.read_name].dtype for source in sources}
-        if len(dtypes) != 1 or not dtypes <= SUPPORTED_DTYPES:  # one (validate.py checks it)
+        if tensor.op != "ties" or not readable(plan, tensor, sources):
             return False
     return True
 
