@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import yaml
 
 T = TypeVar("T")
@@ -57,3 +59,21 @@ def wait_for(
             raise AssertionError(f"timed out after {timeout:g} s waiting for {described}")
         time.sleep(interval)
     return found
+
+
+def healthy(url: str) -> bool:
+    """Whether the Layerswap API at `url` answers its liveness check."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def stop(process: subprocess.Popen[Any], signal: int) -> None:
+    """Ask a server process to stop with `signal`; kill it after 30 s."""
+    process.send_signal(signal)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

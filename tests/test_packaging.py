@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import healthy, stop, wait_for
 from tests.service.conftest import layer_swap, postgres_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,24 +291,12 @@ def serving(server: Installed, examples: Path) -> Iterator[tuple[Installed, str]
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: process.poll() is not None or _answers(url), "the API to answer", 120)
+        wait_for(lambda: process.poll() is not None or healthy(url), "the API to answer", 120)
         assert process.poll() is None, (server.venv.parent / "serve.log").read_text()
         yield server, url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, signal.SIGINT)
         log.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_the_installed_service_serves_a_layer_swap(serving: tuple[Installed, str]) -> None:

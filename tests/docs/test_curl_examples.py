@@ -26,7 +26,7 @@ import pytest
 
 from tests.distributed.conftest import free_port
 from tests.docs.reference_hook import ROOT
-from tests.helpers import wait_for
+from tests.helpers import healthy, stop, wait_for
 
 SERVICE = "http://127.0.0.1:8000"
 BLOCK = re.compile(r"(?P<before>[^\n]*)\n```bash\n(?P<body>.*?)\n```", re.DOTALL)
@@ -93,24 +93,12 @@ def server(examples: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
         def up() -> bool:
             assert process.poll() is None, log.read_text()
-            return _up(url)
+            return healthy(url)
 
         wait_for(up, "the service to start", 120, interval=0.1)
         yield Server(url, port, env)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+        stop(process, signal.SIGTERM)
 
 
 def job_statuses(url: str) -> dict[str, str]:
