@@ -916,7 +916,7 @@ def main(argv: list[str] | None = None) -> None:
             "loadavg_before": loadavg_before, "loadavg_after": loadavg_after,
             "mergekit_options": "--no-cuda (its default); otherwise defaults "
                                 "(out-shard-size 5B params, no lazy-unpickle, no async-write)",
-            "layerswap_options": "defaults (fsync on, shard_size 5GB, device cpu)",
+            "layerswap_options": "defaults (fsync on, shard_size 2GB, device cpu)",
             "recipes": {p.name: p.read_text() for p in sorted((work / "recipes").glob("*.yaml"))},
         },
         "environment": environment(),

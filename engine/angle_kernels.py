@@ -15,26 +15,34 @@ tensor, the methods' default) read twice. Here:
 
 What mergekit's bytes depend on stays in torch: the norms and dots of vectors read whole (every
 row; a whole tensor of up to a chunk), by angles.py's own operations on the widened rows, and
-every coefficient, from cos θ. Compiled code is cached on disk (numba's `cache=True`).
+nuslerp's coefficients (sines) from cos θ. model_stock's coefficients of a vector measured by its
+moments are IEEE steps alone, taken without torch (angle_rules.py), so such tensors are merged
+while torch loads on a thread of its own. Compiled code is cached on disk (numba's `cache=True`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
-import torch
 
-from engine.angles import RULES, Nuslerp, Rule, vectors_of
+from engine.angle_rules import TERMS, ModelStockTerms, NuslerpTerms, Terms, vectors_of
 from engine.float_bits import as_float32, store
 from engine.input_rows import Array, InputRows, readable
-from engine.kernels import Kernels
 from engine.memory import keep_freed_memory
 from engine.parallel import THREADS, over
 from engine.plan import Plan, TensorPlan
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.kernels import Kernels
 
 _PIECE = 1 << 16  # elements per partial moment sum: a fixed split, whatever the threads
 _BLOCK = 512  # elements per inner loop: the float32 rows stay in the L1 cache
@@ -49,7 +57,7 @@ def handles(plan: Plan, device: str) -> bool:
     for tensor in plan.tensors:
         if tensor.op == "copy":
             continue
-        if tensor.op not in RULES or not readable(plan, tensor, (t.source for t in tensor.terms)):
+        if tensor.op not in TERMS or not readable(plan, tensor, (t.source for t in tensor.terms)):
             return False
     return True
 
@@ -190,14 +198,29 @@ class AngleKernels:
         keep_freed_memory()  # chunk buffers are reused, not page-faulted in again
         self.check_cancel = check_cancel or (lambda: None)
         self.chunk_elements = chunk_elements
-        # A long vector whose inputs take up to this many bytes is read once, not twice: 64 MB
-        # at the default chunk, a 1.8B model's attention weights of three bf16 inputs but not
-        # its MLP's (69 MB), whose extra 30 MB of peak RSS took a merge near 600 MB.
-        self.in_memory = 32 * chunk_elements
+        # A long vector whose inputs take up to this many bytes is read once, not twice: 96 MB
+        # at the default chunk, a 1.8B model's MLP weights of three bf16 inputs (69 MB, read
+        # twice: 6.6 GB more to read, 0.5 s of a 6 s model_stock) but not its embeddings.
+        self.in_memory = 48 * chunk_elements
+        # torch loads on a thread of its own while the tensors that need none are merged
+        # (a model_stock's embeddings and head, measured by moments, come first).
+        if any(self._needs_torch(t) for t in plan.tensors if t.op in TERMS):
+            threading.Thread(
+                target=importlib.import_module, args=("engine.angles",), daemon=True
+            ).start()
+
+    def _needs_torch(self, tensor: TensorPlan) -> bool:
+        """Whether mergekit's torch operations measure the tensor's vectors (read whole), or
+        torch finds its coefficients (nuslerp's sines)."""
+        vectors = vectors_of(tensor.op, tensor.shape)
+        measured_whole = vectors.columns or vectors.length <= self.chunk_elements
+        return measured_whole or TERMS[tensor.op] is NuslerpTerms
 
     @functools.cached_property
     def columns(self) -> Kernels:
         """Columns are measured in torch (kernels.py): nuslerp_row_wise, the rare choice."""
+        from engine.kernels import Kernels
+
         return Kernels(
             self.plan, device="cpu", chunk_elements=self.chunk_elements,
             check_cancel=self.check_cancel,
@@ -217,101 +240,116 @@ class AngleKernels:
     def _measured_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
         """Rows of up to a chunk, a chunk of whole rows at a time, each read once: their angles
         by angles.py's torch operations on the rows (mergekit's reductions), the rest here."""
+        import torch
+
+        from engine.angles import RULES
+
         rule = RULES[tensor.op](tensor)
         per_chunk = max(1, self.chunk_elements // length)
         for first in range(0, rows, per_chunk):
             self.check_cancel()
             count = min(per_chunk, rows - first) * length
             inputs = self._inputs(tensor, rule, first * length, count)
-            vectors = np.empty((_vector_count(rule), count), np.float32)
-            over(_widen, 0, count, inputs, _from_base(rule), vectors, slices=_slices(count))
+            vectors = np.empty((rule.vectors, count), np.float32)
+            over(_widen, 0, count, inputs, rule.from_base, vectors, slices=_slices(count))
             as_rows = [torch.from_numpy(v).view(-1, length) for v in vectors]
-            coefficients = rule.coefficients(rule.angle(as_rows))
-            yield self._output(tensor, rule, inputs, coefficients, length, 0, count)
+            table = _table(rule, rule.coefficients(rule.angle(as_rows)))
+            yield self._output(tensor, rule, inputs, table, length, 0, count)
 
     def _long_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
         """Rows longer than a chunk (a whole large tensor): moments, then the output. A row
         whose inputs fit in `in_memory` bytes is read once for both, a longer one twice, a
         chunk at a time."""
-        rule = RULES[tensor.op](tensor)
-        whole = len(rule.sources) * length * _loaded_itemsize(self.plan, tensor) <= self.in_memory
+        terms = TERMS[tensor.op](tensor)
+        whole = len(terms.sources) * length * _loaded_itemsize(self.plan, tensor) <= self.in_memory
         step = self.chunk_elements
         for row in range(rows):
             begin, end = row * length, (row + 1) * length
             if whole:
                 self.check_cancel()
-                inputs = self._inputs(tensor, rule, begin, length)
-                coefficients = self._coefficients(rule, self._moments(inputs, rule))
+                inputs = self._inputs(tensor, terms, begin, length)
+                table = _table_from_moments(tensor, terms, self._moments(inputs, terms))
                 for start in range(0, length, step):
                     self.check_cancel()
                     stop = min(length, start + step)
-                    yield self._output(tensor, rule, inputs, coefficients, length, start, stop)
+                    yield self._output(tensor, terms, inputs, table, length, start, stop)
                 continue
-            moments = np.zeros(len(rule.pairs), np.float64)
+            moments = np.zeros(len(terms.pairs), np.float64)
             for start in range(begin, end, step):
                 self.check_cancel()
                 moments += self._moments(
-                    self._inputs(tensor, rule, start, min(step, end - start)), rule
+                    self._inputs(tensor, terms, start, min(step, end - start)), terms
                 )
-            coefficients = self._coefficients(rule, moments)
+            table = _table_from_moments(tensor, terms, moments)
             for start in range(begin, end, step):
                 self.check_cancel()
                 count = min(step, end - start)
-                inputs = self._inputs(tensor, rule, start, count)
-                yield self._output(tensor, rule, inputs, coefficients, count, 0, count)
-
-    @staticmethod
-    def _coefficients(rule: Rule, moments: Array) -> tuple[torch.Tensor, ...]:
-        by_pair = {pair: torch.tensor(moments[k]) for k, pair in enumerate(rule.pairs)}
-        return rule.coefficients(rule.angle_from_moments(by_pair).to(torch.float32))
+                inputs = self._inputs(tensor, terms, start, count)
+                yield self._output(tensor, terms, inputs, table, count, 0, count)
 
     def _output(
-        self, tensor: TensorPlan, rule: Rule, inputs: Array,
-        coefficients: tuple[torch.Tensor, ...], length: int, lo: int, hi: int,
+        self, tensor: TensorPlan, terms: Terms, inputs: Array, table: Table, length: int,
+        lo: int, hi: int,
     ) -> memoryview:  # fmt: skip
         """The output bytes of elements [lo, hi) of `inputs`, rows of `length` elements with
-        their coefficients."""
+        their coefficients (`table`, a column per row)."""
         count = hi - lo
         out = np.empty(count, np.uint16 if tensor.dtype == "BF16" else np.float32)
-        per_row = [c.reshape(-1).numpy() for c in coefficients]
-        if isinstance(rule, Nuslerp):
-            colinear, *values = per_row
-            # torch multiplies by 1 − t and t as float32 scalars: so does _nuslerp
-            lerp = [np.full_like(values[0], 1 - rule.t), np.full_like(values[0], rule.t)]
-            table = np.stack([*values, *lerp]).astype(np.float32)
-            over(_nuslerp, lo, hi, inputs, rule.with_base, colinear, table, length, out, lo,
+        if isinstance(terms, NuslerpTerms):
+            colinear, values = table
+            over(_nuslerp, lo, hi, inputs, terms.with_base, colinear, values, length, out, lo,
                  slices=_slices(count))  # fmt: skip
         else:
-            table = np.stack(per_row).astype(np.float32)
-            over(_model_stock, lo, hi, inputs, table, length, out, lo, slices=_slices(count))
+            over(_model_stock, lo, hi, inputs, table[1], length, out, lo, slices=_slices(count))
         if tensor.dtype == "F16":
             out = out.astype(np.float16)  # round to nearest-even, as torch does
         return out.view(np.uint8).data
 
-    def _moments(self, inputs: Array, rule: Rule) -> Array:
-        """Σ vᵢ·vⱼ over `inputs` for the rule's pairs, in float64: over pieces of a fixed size,
+    def _moments(self, inputs: Array, terms: Terms) -> Array:
+        """Σ vᵢ·vⱼ over `inputs` for the pairs, in float64: over pieces of a fixed size,
         summed in order, so the same on any number of threads."""
-        pieces = np.empty((-(-inputs.shape[1] // _PIECE), len(rule.pairs)), np.float64)
-        pairs = np.array(rule.pairs, np.int64)
-        over(_moments, 0, len(pieces), inputs, _vector_count(rule), _from_base(rule), pairs,
+        pieces = np.empty((-(-inputs.shape[1] // _PIECE), len(terms.pairs)), np.float64)
+        pairs = np.array(terms.pairs, np.int64)
+        over(_moments, 0, len(pieces), inputs, terms.vectors, terms.from_base, pairs,
              pieces, slices=min(THREADS, len(pieces)))  # fmt: skip
-        totals = np.zeros(len(rule.pairs), np.float64)
+        totals = np.zeros(len(terms.pairs), np.float64)
         for piece in pieces:
             totals += piece
         return totals
 
-    def _inputs(self, tensor: TensorPlan, rule: Rule, start: int, count: int) -> Array:
-        """The rule's inputs' elements (input_rows.py)."""
-        return self._rows.read(tensor, rule.sources, start, count)
+    def _inputs(self, tensor: TensorPlan, terms: Terms, start: int, count: int) -> Array:
+        """The inputs' elements (input_rows.py)."""
+        return self._rows.read(tensor, terms.sources, start, count)
 
 
-def _vector_count(rule: Rule) -> int:
-    """The vectors whose angles count: two for nuslerp, the models for model_stock."""
-    return 2 if isinstance(rule, Nuslerp) else len(rule.sources) - 1
+# Per row: (colinear, [sin((1−t)θ), sin(tθ), sin θ, 1 − t, t]) for nuslerp, (None, [t, 1 − t])
+# for model_stock, float32 as the kernels read them.
+Table = tuple[Array | None, Array]
 
 
-def _from_base(rule: Rule) -> bool:
-    return rule.with_base if isinstance(rule, Nuslerp) else True
+def _table(terms: Terms, coefficients: tuple[torch.Tensor, ...]) -> Table:
+    """The kernels' table from angles.py's coefficients (torch tensors, one per row)."""
+    per_row = [c.reshape(-1).numpy() for c in coefficients]
+    if isinstance(terms, NuslerpTerms):
+        colinear, *values = per_row
+        # torch multiplies by 1 − t and t as float32 scalars: so does _nuslerp
+        lerp = [np.full_like(values[0], 1 - terms.t), np.full_like(values[0], terms.t)]
+        return colinear, np.stack([*values, *lerp]).astype(np.float32)
+    return None, np.stack(per_row).astype(np.float32)
+
+
+def _table_from_moments(tensor: TensorPlan, terms: Terms, moments: Array) -> Table:
+    """The table of one vector measured by its moments: model_stock's without torch,
+    nuslerp's sines by angles.py's torch operations."""
+    if isinstance(terms, ModelStockTerms):
+        return None, terms.table_from_moments(moments)
+    import torch
+
+    from engine.angles import RULES
+
+    rule = RULES[tensor.op](tensor)
+    by_pair = {pair: torch.tensor(moments[k]) for k, pair in enumerate(terms.pairs)}
+    return _table(terms, rule.coefficients(rule.angle_from_moments(by_pair).to(torch.float32)))
 
 
 def _slices(elements: int) -> int:

@@ -15,50 +15,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
+from engine.angle_rules import (
+    COLINEAR,
+    NORM_FLOOR,
+    PRODUCT_FLOOR,
+    SINGULAR,
+    ModelStockTerms,
+    NuslerpTerms,
+    Pair,
+    vectors_of,
+)  # fmt: skip
 from engine.interpolation_kernels import Read
 from engine.plan import ANGLE_OPS, TensorPlan
 
-NORM_FLOOR = 1e-7  # nuslerp: a vector of a smaller norm is divided by this instead
-COLINEAR = 1e-16  # nuslerp: 1 − cos²θ at or below this interpolates linearly
-PRODUCT_FLOOR = 1e-6  # model_stock: ‖δᵢ‖·‖δⱼ‖ below this divides by this instead
-SINGULAR = 1e-6  # model_stock: |1 + (N − 1) cos θ| below this keeps the base (t = 0)
-
-Pair = tuple[int, int]
 Tensors = Sequence[torch.Tensor]
 
 
-@dataclass(frozen=True)
-class Vectors:
-    """A tensor seen as a [rows, length] matrix whose rows, or with `columns` its columns,
-    are the vectors the angles are measured between."""
-
-    rows: int
-    length: int
-    columns: bool = False
-
-
-def vectors_of(op: str, shape: tuple[int, ...]) -> Vectors:
-    numel = math.prod(shape)
-    if op == "nuslerp_columns" and len(shape) >= 2 and numel:
-        return Vectors(shape[0], numel // shape[0], columns=True)
-    if op in ("nuslerp_rows", "model_stock_rows") and len(shape) >= 2 and numel:
-        return Vectors(numel // shape[-1], shape[-1])
-    return Vectors(1, numel)  # the whole tensor; a 0-D or 1-D one is a single row or column
-
-
-class Nuslerp:
-    """Terms (a, 1 − t), (b, t)[, (base, 1)]: slerp of a and b, or of their task vectors."""
-
-    pairs = ((0, 0), (1, 1), (0, 1))
-
-    def __init__(self, tensor: TensorPlan) -> None:
-        self.sources = tuple(term.source for term in tensor.terms)
-        self.t = tensor.terms[1].coefficient
-        self.with_base = len(tensor.terms) == 3
+class Nuslerp(NuslerpTerms):
+    """angle_rules.NuslerpTerms, measured and combined in torch."""
 
     def angle_inputs(self, xs: Tensors) -> list[torch.Tensor]:
         return [xs[0] - xs[2], xs[1] - xs[2]] if self.with_base else [xs[0], xs[1]]
@@ -95,16 +72,8 @@ class Nuslerp:
         return out + xs[2] if self.with_base else out
 
 
-class ModelStock:
-    """Terms (model_i, 1/N)…, (base, 1): the models' average, pulled to the base."""
-
-    def __init__(self, tensor: TensorPlan) -> None:
-        self.sources = tuple(term.source for term in tensor.terms)
-        self.count = len(self.sources) - 1
-        n = self.count
-        self.pairs = tuple((i, i) for i in range(n)) + tuple(
-            (i, j) for i in range(n) for j in range(i + 1, n)
-        )
+class ModelStock(ModelStockTerms):
+    """angle_rules.ModelStockTerms, measured and combined in torch."""
 
     def angle_inputs(self, xs: Tensors) -> list[torch.Tensor]:
         return [x - xs[-1] for x in xs[:-1]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 MAX_LAYERS = 4096  # num_hidden_layers (the largest open models have ~100-200)
 MAX_TENSORS = 1_000_000  # tensors in one checkpoint
 # Safetensors shards of one checkpoint, and of one output (each is an open descriptor while a
-# merge runs; the largest open models have ~200 at 5 GB each).
+# merge runs; the largest open models have ~200 at 5 GB each, ~400 at the 2 GB default).
 MAX_WEIGHT_FILES = 512
 MAX_RANK = 8  # dimensions of one tensor
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json, the shard index (large models: ~100 KB)

@@ -5,8 +5,9 @@ can assemble, hash and write them at once; then computed tensors are produced ch
 in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
 Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
 every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py), nuslerp and model_stock in
-numba and torch (angle_kernels.py); torch, seconds to import, is loaded only for the rest (CUDA,
-float64, slerp), while the copies are written.
+numba and torch (angle_kernels.py: torch loads beside the first tensors); torch, a second to
+import, is loaded only for the rest (CUDA, float64, slerp), while the copies are written. A plan
+that only copies (a frankenmerge) loads no kernels at all.
 Cancellation is checked between tensors and chunks; progress is reported by a thread that
 follows the writer, block by block (_Feedback).
 """
@@ -184,11 +185,13 @@ def _write_tensors(
     for file, offset, tensor in placed:
         if tensor.op == "copy":
             _queue_copy(plan, tensor, writer, file, offset)
+    computed = [(file, offset, tensor) for file, offset, tensor in placed if tensor.op != "copy"]
+    if not computed:  # a frankenmerge, a pure layer selection: no kernels to load
+        return
     kernels = _kernels(plan, device, chunk_elements, feedback.check_cancel)
-    for file, offset, tensor in placed:
-        if tensor.op != "copy":
-            feedback.check_cancel()
-            _write_computed(plan, tensor, writer, kernels, file, offset, feedback.check_cancel)
+    for file, offset, tensor in computed:
+        feedback.check_cancel()
+        _write_computed(plan, tensor, writer, kernels, file, offset, feedback.check_cancel)
 
 
 class ChunkKernels(Protocol):

@@ -247,7 +247,7 @@ MATH_SCALE = (0.01, 0.06, 0.08, 0.08, 0.06, 0.01)
 SWH_SCALE = (0.08, 0.02, 0.01, 0.01, 0.02, 0.08)
 
 _HEADER = "# Paths are relative to this file. Try: layerswap merge {name}.yaml --out out-{name}\n"
-_OUTPUT = "output: {dtype: source, shard_size: 5GB}\n"
+_OUTPUT = "output: {dtype: source, shard_size: 2GB}\n"
 RECIPES: dict[str, str] = {
     "layer_swap": (
         "method: layer_swap\n"

@@ -1,5 +1,6 @@
 """Hub failures as engine errors (a stable code each), and the one place that maps the
-huggingface_hub client's exceptions onto them."""
+huggingface_hub client's exceptions onto them. The client is imported by `hub_errors`, the
+first time a Hub call is made: a local merge that names no Hub source never loads it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from huggingface_hub import errors as hf
-
-from core.hub.timeouts import HubStalled, install
 from engine.errors import DiskFull, EngineError, is_disk_full
 
 if TYPE_CHECKING:
@@ -89,6 +87,10 @@ def hub_errors(what: str) -> Iterator[None]:
     """Translate the client's exceptions raised inside into HubErrors about `what` (a repo, a
     file). The client's messages can be long and name URLs; ours are short and never hold a
     token (the client never puts one in a message)."""
+    from huggingface_hub import errors as hf
+
+    from core.hub.timeouts import HubStalled, install
+
     install()  # every Hub request goes through here: its session is a bounded one
     unreachable: tuple[type[BaseException], ...] = (OSError, *_transport_errors())
     try:

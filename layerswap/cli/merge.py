@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import yaml
 
-from core.hub.fetch import FetchedInputs, fetch_inputs
-from core.hub.pin import pin_recipe
-from core.hub.publish import publish
 from core.hub.refs import hub_sources
 from engine.errors import RecipeError
 from engine.merge import MergeOptions, MergeResult
@@ -20,6 +18,9 @@ from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
+
+if TYPE_CHECKING:
+    from core.hub.fetch import FetchedInputs
 
 
 def load_recipe_file(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
@@ -128,6 +129,10 @@ def _pin_and_fetch(
     what was fetched of them; no Hub source: the recipe as it is, and None."""
     if not hub_sources(recipe):
         return recipe, None
+    # The Hub client is loaded only here and in _publish: a local merge starts without it.
+    from core.hub.fetch import fetch_inputs
+    from core.hub.pin import pin_recipe
+
     recipe, pins = pin_recipe(recipe, hub_token(recipe.credential))
     for pinned in pins:
         click.echo(f"{pinned.repo}@{pinned.revision} -> commit {pinned.sha}", err=True)
@@ -152,6 +157,8 @@ def _report(result: MergeResult) -> None:
 
 
 def _publish(result: MergeResult, dest: HubDestination) -> None:
+    from core.hub.publish import publish
+
     published = publish(
         result.out_dir,
         dest,

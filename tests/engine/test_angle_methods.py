@@ -264,3 +264,36 @@ def test_unmatched_filters_are_refused_at_plan_time(
         run_merge(data)
     assert error.value.details["field"] == field
     assert "no filter matches" in error.value.message
+
+
+@pytest.mark.parametrize("models", [2, 3, 4])
+def test_model_stock_coefficients_without_torch_equal_torchs(models: int) -> None:
+    """A vector measured by its moments gets t and 1 − t computed without torch (so that torch
+    loads meanwhile): the same float32 bits as angles.ModelStock's torch steps, for 1, 3 and 6
+    pairs, including a singular denominator (cos θ = −1/(N − 1)) and a zero task vector."""
+    from engine.angle_rules import ModelStockTerms
+    from engine.angles import ModelStock
+    from engine.plan import TensorPlan, Term
+
+    terms = (*(Term(i, 1 / models) for i in range(models)), Term(models, 1.0))
+    tensor = TensorPlan("w", (64,), "F32", "model_stock", terms, None, "model_stock")
+    ours, theirs = ModelStockTerms(tensor), ModelStock(tensor)
+    generator = torch.Generator().manual_seed(models)
+    cases = []
+    for _ in range(50):
+        vectors = torch.randn(models, 64, generator=generator, dtype=torch.float64)
+        cases.append(vectors @ vectors.T)  # a Gram matrix: Σ vᵢ·vⱼ
+    opposed = torch.eye(models, dtype=torch.float64)  # every cos θ = −1/(N − 1): singular
+    opposed[~torch.eye(models, dtype=torch.bool)] = -1 / (models - 1)
+    cases.append(opposed)
+    cases.append(torch.zeros(models, models, dtype=torch.float64))  # no task vector at all
+    for gram in cases:
+        moments = [float(gram[i, j]) for i, j in ours.pairs]
+        by_pair = {
+            pair: torch.tensor(m, dtype=torch.float64)
+            for pair, m in zip(ours.pairs, moments, strict=True)
+        }
+        expected = theirs.coefficients(theirs.angle_from_moments(by_pair).to(torch.float32))
+        table = ours.table_from_moments(torch.tensor(moments, dtype=torch.float64).numpy())
+        assert table.dtype.name == "float32"
+        assert table.tobytes() == torch.stack([c.reshape(-1) for c in expected]).numpy().tobytes()

@@ -97,7 +97,7 @@ def test_valid_recipes_and_defaults() -> None:
     assert swap.params.non_layer == "average"
     assert swap.params.expert_soup == "uniform"
     assert swap.output.dtype == "source"
-    assert swap.output.shard_bytes == 5_000_000_000
+    assert swap.output.shard_bytes == 2_000_000_000
 
     ties = parse_recipe({**TIES, "params": {"density": 1.0, "lambda": 0.5, "normalize": False}})
     assert isinstance(ties, TiesRecipe)
