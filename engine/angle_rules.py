@@ -54,7 +54,11 @@ class NuslerpTerms:
         self.sources = tuple(term.source for term in tensor.terms)
         self.t = tensor.terms[1].coefficient
         self.with_base = len(tensor.terms) == 3
-        self.from_base = self.with_base
+
+    @property
+    def from_base(self) -> bool:
+        """Whether the angles are between task vectors (a − base, b − base)."""
+        return self.with_base
 
 
 class ModelStockTerms:
@@ -65,11 +69,15 @@ class ModelStockTerms:
     def __init__(self, tensor: TensorPlan) -> None:
         self.sources = tuple(term.source for term in tensor.terms)
         self.count = len(self.sources) - 1
-        self.vectors = self.count
         n = self.count
         self.pairs: tuple[Pair, ...] = tuple((i, i) for i in range(n)) + tuple(
             (i, j) for i in range(n) for j in range(i + 1, n)
         )
+
+    @property
+    def vectors(self) -> int:
+        """The task vectors whose angles count: one per model."""
+        return self.count
 
     def table_from_moments(self, moments: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
         """[[t], [1 − t]] (float32) for one vector from its moments (in `pairs` order): the

@@ -27,7 +27,7 @@ from engine.angle_rules import (
     NuslerpTerms,
     Pair,
     vectors_of,
-)  # fmt: skip
+)
 from engine.interpolation_kernels import Read
 from engine.plan import ANGLE_OPS, TensorPlan
 
