@@ -7,12 +7,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from sqlalchemy import MetaData, create_engine, inspect
 
-from core.db.migrate import SchemaChange, alembic_config, upgrade
+from core.db.migrate import SchemaChange, alembic_config, current_revision, upgrade
 from core.db.models import ApiKey, Artifact, Job, JobEvent, LineageEdge, Tenant, as_utc
 from core.db.session import Database
 from core.lineage import artifact_dict, graph
@@ -66,15 +65,6 @@ ROWS: dict[str, list[dict[str, Any]]] = {
 }  # fmt: skip
 
 
-def revision(url: str) -> str | None:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
-    finally:
-        engine.dispose()
-
-
 def write_at_0001(url: str) -> None:
     """Insert through the schema as 0001 made it (reflected), not through today's models."""
     engine = create_engine(url)
@@ -90,18 +80,18 @@ def write_at_0001(url: str) -> None:
 
 def test_rows_written_at_0001_read_correctly_at_head(database_url: str) -> None:
     upgrade(database_url, "0001")
-    assert revision(database_url) == "0001"
+    assert current_revision(database_url) == "0001"
     write_at_0001(database_url)
     upgrade(database_url, "0002")
-    assert revision(database_url) == "0002"
+    assert current_revision(database_url) == "0002"
     upgrade(database_url, "0003")
-    assert revision(database_url) == "0003"
+    assert current_revision(database_url) == "0003"
     upgrade(database_url, "0004")
-    assert revision(database_url) == "0004"
+    assert current_revision(database_url) == "0004"
     upgrade(database_url, "0005")
-    assert revision(database_url) == "0005"
+    assert current_revision(database_url) == "0005"
     upgrade(database_url, "0006")
-    assert revision(database_url) == "0006"
+    assert current_revision(database_url) == "0006"
     engine = create_engine(database_url)
     assert {c["name"] for c in inspect(engine).get_columns("artifacts")} >= {
         "published", "size_bytes", "deleted_at"
@@ -164,7 +154,7 @@ def test_db_upgrade_says_what_it_did(database_url: str, tmp_path: Path) -> None:
     first = runner.invoke(cli, ["db", "upgrade"], env=env)
     assert first.exit_code == 0, first.output
     assert first.output.strip() == f"database schema migrated from <none> to {head}"
-    assert revision(database_url) == head
+    assert current_revision(database_url) == head
 
     again = runner.invoke(cli, ["db", "upgrade"], env=env)
     assert again.exit_code == 0, again.output
@@ -174,5 +164,5 @@ def test_db_upgrade_says_what_it_did(database_url: str, tmp_path: Path) -> None:
 def test_upgrade_from_an_older_revision_reports_both(database_url: str) -> None:
     assert upgrade(database_url, "0006") == SchemaChange(None, "0006")
     change = upgrade(database_url)
-    assert change.before == "0006" and change.after == revision(database_url) != "0006"
+    assert change.before == "0006" and change.after == current_revision(database_url) != "0006"
     assert change.describe() == f"database schema migrated from 0006 to {change.after}"
