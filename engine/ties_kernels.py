@@ -95,9 +95,12 @@ def _combine(
                 up[q] = np.float32(up[q] + (c if delta > zero else zero))
                 down[q] = np.float32(down[q] + (c if delta < zero else zero))
         for q in range(width):
-            elected_up = not np.float32(positive[q] + negative[q]) < zero  # zero counts as +
-            mixed = positive[q] if elected_up else negative[q]
-            divisor = (up[q] if elected_up else down[q]) if normalize else one
+            # all four loaded, then selected: a load from one row or the other vectorises only
+            # with AVX-512's masked loads (on AVX2 it made TIES 3.6x slower)
+            p, n, u, d = positive[q], negative[q], up[q], down[q]
+            elected_up = not np.float32(p + n) < zero  # zero counts as +
+            mixed = p if elected_up else n
+            divisor = (u if elected_up else d) if normalize else one
             mixed = np.float32(mixed / (divisor if divisor != zero else one))  # exact for 1
             mixed = np.float32(mixed * lambda_)  # exact for λ = 1
             positive[q] = np.float32(b[q] + np.float32(mixed + zero))  # the result
