@@ -85,6 +85,25 @@ def test_merge_with_progress_bar(swap_yaml: Path, tmp_path: Path) -> None:
     assert (out / "layerswap.json").is_file()
 
 
+def test_collector_on_and_start_up_objects_frozen_once_a_command_is_imported(
+    tmp_path: Path,
+) -> None:
+    """main() pauses the garbage collector while a command's module is imported, then turns it
+    back on with what the imports made frozen (left out of every later collection)."""
+    code = (
+        "import atexit, gc, sys\n"
+        "from layerswap.cli import main\n"
+        "atexit.register(lambda: print(gc.isenabled(), gc.get_freeze_count() > 10000))\n"
+        "sys.argv = ['layerswap', 'merge', '--help']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Usage: layerswap merge" in done.stdout
+    assert done.stdout.splitlines()[-1] == "True True"
+
+
 def test_dry_run_prints_table_and_writes_nothing(swap_yaml: Path, tmp_path: Path) -> None:
     out = tmp_path / "merged"
     proc = layerswap("merge", swap_yaml, "--out", out, "--dry-run", cwd=tmp_path)

@@ -13,6 +13,7 @@ inside their commands besides, so the other commands of their module never load 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -67,6 +68,8 @@ class LazyGroup(click.Group):
             )
             sys.exit(2)
         assert isinstance(command, click.Command)
+        if _collector_paused:
+            _resume_collector()
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -80,5 +83,22 @@ def cli() -> None:
     """Layerswap: merge fine-tuned LLM checkpoints (layer swap, soup, TIES, slerp, DARE, ...)."""
 
 
+# A command's imports make a few hundred thousand objects that live until the process ends:
+# collecting while they pile up, and all of them again at exit, took 0.1 s of a merge's start.
+# So the collector is paused for the imports, then told to leave what they made alone.
+_collector_paused = False
+
+
+def _resume_collector() -> None:
+    global _collector_paused
+    _collector_paused = False
+    gc.freeze()
+    gc.enable()
+
+
 def main() -> None:
+    global _collector_paused
+    if gc.isenabled():
+        gc.disable()
+        _collector_paused = True
     cli()
