@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.ties_selection import Selection, _sample_bounds
+from engine.ties_selection import Selection, _kth_largest, _sample_bounds
 from tests.reference import top_k_mask
 
 N = 300_007  # above the sampled size (4 · 16384), odd
@@ -88,3 +88,27 @@ def test_the_sample_bounds_ordinary_deltas_in_one_pass() -> None:
 def test_many_equal_deltas_go_to_the_radix_select() -> None:
     """All |δ| equal: every element lies between the bounds, too many to collect."""
     assert _sampled("all equal", 0.5) is None
+
+
+def _bit_patterns() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    uniform = rng.integers(0, 2**32, 60_000, dtype=np.uint64).astype(np.uint32)
+    gaussian = np.abs(rng.standard_normal(50_000)).astype(np.float32)
+    return {
+        "one": np.array([7], np.uint32),
+        "all equal": np.full(1000, 0xFFFFFFFF, np.uint32),  # the bound above NaN's patterns
+        "five values": rng.integers(0, 5, 50_000).astype(np.uint32) + np.uint32(0x3F000000),
+        "uniform": uniform,
+        # a wide range of few values: every round narrows to one bin of many entries
+        "wide and coarse": uniform >> np.uint32(20) << np.uint32(20),
+        "gaussian |x|": gaussian.view(np.uint32),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bit_patterns()))
+def test_kth_largest_equals_a_sort(case: str) -> None:
+    values = _bit_patterns()[case]
+    ordered = np.sort(values)
+    for rank in sorted({1, 2, values.size // 3, values.size // 2, values.size - 1, values.size}):
+        if 1 <= rank <= values.size:
+            assert _kth_largest(values, rank) == ordered[values.size - rank], rank
