@@ -103,7 +103,7 @@ def _kth_largest(values: Array, rank: int) -> int:
             seen += counts[top]
             top -= 1
         if shift == 0:
-            return lo + top
+            return int(lo + top)
         kept, n = np.empty(counts[top], current.dtype), 0
         for j in range(current.size):
             if (np.int64(current[j]) - lo) >> shift == top:
