@@ -3,8 +3,9 @@
 A layer swap, a soup, task arithmetic and mergekit's `linear` compute only weighted sums. Here
 every thread takes a slice of a chunk of the tensor, reads it from each term (raw bytes, a row
 per term) and, a block of elements at a time, widens each term to float32, multiplies, sums and
-rounds to the output dtype: no whole-chunk float32 temporaries, no pass per step. A 1.7B soup of
-two BF16 models took ~1.0 CPU-ns per element in numpy (reads included, one core), ~0.5 here.
+rounds to the output dtype: no whole-chunk float32 temporaries. Two terms stored as the
+output is (the commonest case) take a single loop, with no pass per step. A 1.7B soup of two
+BF16 models took ~1.0 CPU-ns per element in numpy (reads included, one core), ~0.5 here.
 torch, seconds to import, is never loaded.
 
 The arithmetic is kernels.Kernels' (torch's), bit for bit:
@@ -133,6 +134,33 @@ def _narrow(total: Array, kind: int, start: int, width: int, out: Array) -> None
             halves[q] = to_f16(total[q])
 
 
+def _pair(widen: Any, narrow: Any) -> Any:
+    """Two terms of one stored dtype into that dtype in a single loop: a soup of two models,
+    a layer swap's averaged tensors, most linear merges. The same operations in the same
+    order as the blocks below (x·1 is x, an added term quiets a NaN either way, ÷1 is
+    exact), without a pass over a float32 block per step: a BF16 mean took 0.60 ns per
+    element in the blocks on an AVX-512 Xeon, 0.20 here."""
+
+    @_inline
+    def pair(a: Array, b: Array, ca: Any, cb: Any, fused: bool, divisor: Any, out: Array) -> None:
+        zero = np.float32(0.0)
+        if fused:
+            for q in range(out.size):
+                total = fma(widen(b[q]), cb, fma(widen(a[q]), ca, zero))
+                out[q] = narrow(np.float32(total / divisor))
+        else:
+            for q in range(out.size):
+                total = np.float32(widen(a[q]) * ca) + np.float32(widen(b[q]) * cb)
+                out[q] = narrow(np.float32(np.float32(total) / divisor))
+
+    return pair
+
+
+_pair_bf16 = _pair(from_bf16, to_bf16)
+_pair_f16 = _pair(from_f16, to_f16)
+_pair_f32 = _pair(_as_float32, _as_float32)
+
+
 @_jit
 def _combine(
     rows: Array, kinds: Array, coefficients: Array, fused: bool, divisor: Any,
@@ -141,6 +169,18 @@ def _combine(
     """out = Σ coefficient·term over elements [lo, hi): multiply then add, or (`fused`) by
     fused multiply-adds from zero; then ÷ divisor unless it is 1."""
     zero, one = np.float32(0.0), np.float32(1.0)
+    if rows.shape[0] == 2 and kinds[0] == kinds[1] == out_kind:
+        c0, c1 = coefficients[0], coefficients[1]
+        if out_kind == 0:
+            a, b = rows[0].view(np.uint16)[lo:hi], rows[1].view(np.uint16)[lo:hi]
+            _pair_bf16(a, b, c0, c1, fused, divisor, out.view(np.uint16)[lo:hi])
+        elif out_kind == 1:
+            a, b = rows[0].view(np.uint16)[lo:hi], rows[1].view(np.uint16)[lo:hi]
+            _pair_f16(a, b, c0, c1, fused, divisor, out.view(np.uint16)[lo:hi])
+        else:
+            a, b = rows[0].view(np.float32)[lo:hi], rows[1].view(np.float32)[lo:hi]
+            _pair_f32(a, b, c0, c1, fused, divisor, out.view(np.float32)[lo:hi])
+        return
     total = np.empty(_BLOCK, np.float32)
     for start in range(lo, hi, _BLOCK):
         width = min(_BLOCK, hi - start)

@@ -1,6 +1,6 @@
 """The compiled linear kernels against the torch kernels (the reference), bit for bit, on
-hand-made inputs: every dtype, odd sizes, 1-5 terms, negative and zero coefficients, NaN, ±inf,
-±0.0, subnormals and values that round to infinity."""
+hand-made inputs: every dtype, odd sizes, 1-5 terms (two of one dtype on a loop of their own),
+negative and zero coefficients, NaN, ±inf, ±0.0, subnormals and values that round to infinity."""
 
 from __future__ import annotations
 
@@ -128,6 +128,30 @@ def test_compiled_and_torch_kernels_write_the_same_bytes(
 ) -> None:  # fmt: skip
     terms = list(enumerate(coefficients))
     tensors = [_tensor(op, f"{name}.{source}", out, terms, i) for i, name in enumerate(SIZES)]
+    plan = _plan(inputs, tensors)
+    try:
+        _compare(plan, chunk_elements)
+    finally:
+        plan.close()
+
+
+PAIRS = [(1.0, 1.0), (0.3, -1.25), (1.0, 0.0), (1 / 3, -0.7), (-0.7, 1.0)]
+
+
+@pytest.mark.parametrize("chunk_elements", [1000, 1 << 21])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", ["linear", "weighted_sum", "weighted_mean"])
+def test_two_terms_stored_as_the_output_write_the_same_bytes(
+    inputs: list[Path], op: str, dtype: str, chunk_elements: int
+) -> None:
+    """Two terms stored in the output's dtype (a soup of two models, a layer swap's averages)
+    take a loop of their own: every size with every pair of coefficients, NaN and the other
+    edges included, against torch."""
+    cases = itertools.product(SIZES, PAIRS)
+    tensors = [
+        _tensor(op, f"{size}.{dtype}", dtype, [(0, c0), (3, c1)], i)
+        for i, (size, (c0, c1)) in enumerate(cases)
+    ]
     plan = _plan(inputs, tensors)
     try:
         _compare(plan, chunk_elements)
