@@ -651,6 +651,16 @@ def summarize(results: list[CaseResult]) -> list[dict[str, Any]]:
         )
 
     cp = find("copy", "cp")
+    synced = next((r for r in results if r.method == "copy" and "sync" in r.variant), None)
+
+    def vs_synced(r: CaseResult) -> float | None:
+        """Median of this case's wall / `cp` + `sync`'s in the same round: runs side by side
+        hold the machine's speed at the time, which drifts over a long run."""
+        if synced is None or len(synced.runs) != len(r.runs) or not r.runs:
+            return None
+        ratios = [a.wall_s / b.wall_s for a, b in zip(r.runs, synced.runs, strict=True)]
+        return round(statistics.median(ratios), 2)
+
     rows = []
     for r in results:
         mk = find(r.method, "mergekit")
@@ -671,6 +681,7 @@ def summarize(results: list[CaseResult]) -> list[dict[str, Any]]:
                 round(r.median_wall_s / cp.median_wall_s, 2) if cp and cp.median_wall_s > 0
                 else None
             ),
+            "wall_vs_cp_sync_by_round": vs_synced(r),
         })  # fmt: skip
     return rows
 
@@ -687,21 +698,26 @@ def markdown(report: dict[str, Any]) -> str:
         '`/usr/bin/time -v` "Maximum resident set size" over the timed runs.',
         "",
         "| method | tool | median wall s | median CPU s | CPU ns / parameter | peak RSS MB "
-        "| speed-up vs mergekit | wall / cp wall |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| speed-up vs mergekit | wall / cp wall | wall / cp + sync, by round |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
         speedup = "—" if row["speedup_vs_mergekit"] is None else f"{row['speedup_vs_mergekit']}×"
         vs_cp = "—" if row["wall_vs_cp"] is None else f"{row['wall_vs_cp']}×"
+        by_round = row.get("wall_vs_cp_sync_by_round")
+        vs_synced = "—" if by_round is None else f"{by_round}×"
         cpu = row.get("median_cpu_s", 0.0)
         lines.append(
             f"| {row['method']} | {row['tool']} | {row['median_wall_s']:.2f} | {cpu:.2f} | "
-            f"{cpu / setup['params_b']:.2f} | {row['peak_rss_mb']} | {speedup} | {vs_cp} |"
+            f"{cpu / setup['params_b']:.2f} | {row['peak_rss_mb']} | {speedup} | {vs_cp} | "
+            f"{vs_synced} |"
         )
     lines += [
         "",
         "speed-up vs mergekit = mergekit's median wall / this row's (same method); "
         "wall / cp wall = this row's median wall / the median wall of `cp -r` of one input; "
+        "wall / cp + sync, by round = the median over the rounds of this row's wall / the wall "
+        "of `cp -r` + `sync` in the same round (every case runs once per round); "
         "CPU = user + system time of the command and its children (on a shared machine less "
         "noisy than wall time), per parameter of one model.",
         "",
