@@ -8,9 +8,9 @@ walks the file in order, filling block-sized buffers from those pieces (copies b
 the input's page cache), and hashing each slice of a block as soon as it is filled, while
 it is still in the core's cache, so the sha256 is of the very bytes written. Each full block
 goes at once to the writing threads, which write it with O_DIRECT: to the disk without a
-second copy into the page cache. On a small VM, filling the page cache
-with a multi-GB output cost more CPU than anything else in a merge (README, Benchmarks), and a
-durable output's fdatasync then only flushes what is already on its way.
+second copy into the page cache. On a small VM, filling the page cache with a multi-GB output
+cost more CPU than anything else in a merge (README, Benchmarks), and a durable output's
+fdatasync then only flushes what is already on its way.
 
 Files are assembled side by side (one thread each, a few at a time), since each sha256 is
 inherently serial. A file system that refuses O_DIRECT gets the same blocks through the page
