@@ -121,8 +121,8 @@ def ready(base_url: str) -> bool:
 
 
 def warm_up(base_url: str) -> None:
-    """A small sweep refused at its budget: the checks on the way (lm-eval's task index, the
-    sources, the model's depth) are paid here, so the measured request costs only its grid."""
+    """A small sweep refused at its budget: the checks on the way (the sources, the model's
+    depth) are paid here, so the measured request costs only its grid."""
     small = {**bomb(), "grid": {"bottom": list(range(6)), "top": [0, 1]}, "budget": 5}
     response = httpx.post(f"{base_url}/v1/sweeps", json=small, timeout=120, trust_env=False)
     if response.status_code != 422 or "budget" not in response.text:

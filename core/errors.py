@@ -56,3 +56,11 @@ class Unauthorized(ServiceError):
 class Forbidden(ServiceError):
     code = "forbidden"
     status = 403
+
+
+class RequestTooLarge(ServiceError):
+    """What a request would store exceeds `max_stored_request_bytes` (core/stored_requests.py);
+    `details["field"]` names the largest part."""
+
+    code = "request_too_large"
+    status = 413

@@ -55,12 +55,7 @@ def check_spec(spec: EvaluationSpec, settings: Settings, *, field: str = "evalua
     a backend no worker offers, an unknown task."""
     require_lm_eval()
     check_backend(spec.backend, list(settings.eval_backends))
-    check_tasks(
-        list(spec.tasks),
-        settings.eval_tasks_dir,
-        settings.evaluation_data_dir,
-        field=f"{field}.tasks",
-    )
+    check_tasks(list(spec.tasks), settings.eval_tasks_dir, field=f"{field}.tasks")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ down. Every transition is written with an event in the same transaction.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -22,9 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from core.changes import touched
+from core.cursors import decode_cursor, encode_cursor
 from core.db.models import Job, JobEvent, Tenant, utcnow
 from core.db.session import Database
-from core.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from core.errors import Conflict, IdempotencyConflict, NotFound
 from core.job_inserts import insert_queued
 from core.job_rows import (
     CREATED_AT,
@@ -39,6 +39,7 @@ from core.job_rows import (
 from core.output_manifest import output_owner, remove_orphan
 from core.quota import check_room
 from core.settings import Settings
+from core.stored_requests import check_stored_size
 from core.webhooks.outbox import job_ended
 
 QUEUED, RUNNING, CANCELING = "queued", "running", "canceling"
@@ -46,6 +47,10 @@ SUCCEEDED, FAILED, CANCELED = "succeeded", "failed", "canceled"
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
 OUTPUT = joinedload(Job.output_artifact)  # read with the job: a view needs it (merges.read_job)
 ACTIVE = frozenset({RUNNING, CANCELING})  # an attempt holds the job
+# Stages past a running job's point of no return (worker/lease.py commit_point): it is making
+# its output visible outside (a Hub commit, an MLflow version, an evaluation's card and scores),
+# which a cancel could not take back, so a cancel is refused from there on.
+COMMITTED_STAGES = frozenset({"committing", "registering", "recording"})
 STATUSES = (QUEUED, RUNNING, CANCELING, SUCCEEDED, FAILED, CANCELED)
 
 log = logging.getLogger("layerswap.outputs")  # free_name: an orphaned output it removed
@@ -106,21 +111,27 @@ class NewJob:
     idempotency_key: str | None
     asked: dict[str, Any] | None = None  # the body as sent, for idempotency (default: request)
     sources: list[dict[str, str]] | None = None  # Hub pins
+    # The output's size as planned from local inputs' headers (0: not known at submit): it
+    # must fit the tenant's quota too.
+    planned_bytes: int = 0
 
 
 def submit(db: Database, settings: Settings, new: NewJob) -> tuple[Job, bool]:
-    """Insert a queued job (or return the one this idempotency key already made)."""
+    """Insert a queued job (or return the one this idempotency key already made); a request
+    too large to store is refused first (RequestTooLarge)."""
+    check_stored_size(new.request, settings)
     digest = request_digest({"kind": new.kind, **(new.asked or new.request)})
     job_id = new_id()
     name = new.output_name or f"{new.kind}-{job_id[:12]}"
     try:
         # Checks first, each read its own (none of them is made safe by a transaction: the
         # unique key decides between concurrent retries, quotas are checked against what is
-        # stored). Most submits read nothing here: no key, no quota, no output of that name.
+        # stored). Most submits read only the tenant's usage here (its records' sum is reused
+        # for a while: core/quota.py): no key, no output of that name.
         with db.session() as session:
             if new.idempotency_key and (found := _by_key(session, new, digest)):
                 return found, False  # a retry: its job may well have written the output
-            check_room(session, settings, new.tenant)
+            check_room(session, settings, new.tenant, new.planned_bytes)
             if new.kind == "merge":
                 free_name(session, _output_dir(settings, new.tenant, name), new.tenant)
         return Job(**_insert_queued(db, new, job_id, name, digest, settings.max_attempts)), True
@@ -270,30 +281,21 @@ def page_query(
     return page_select(status=bool(status), artifact=bool(artifact), after=bool(cursor)), params
 
 
-def encode_cursor(created_at: datetime, job_id: str) -> str:
-    """A list's position after the row (created_at, id): job and webhook lists alike."""
-    raw = json.dumps([created_at.isoformat(), job_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if not is_id(str(job_id)):
-            raise ValueError(job_id)
-        return datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError) as e:
-        raise InvalidRequest(
-            "cursor: not a cursor from this API", details={"field": "cursor"}
-        ) from e
+def cancelable() -> Any:
+    """The SQL condition of a job whose stage is not past its point of no return."""
+    return or_(Job.stage.is_(None), Job.stage.not_in(COMMITTED_STAGES))
 
 
 def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
-    """Queued jobs stop at once; running ones are asked to stop (checked between tensors).
+    """Queued jobs stop at once; running ones are asked to stop (checked between tensors) and
+    then end canceled, leaving no output. Too late (the job ended, or passed its point of no
+    return): Conflict, and the job goes on as it would have.
 
     Each move is a compare-and-set UPDATE on the status, never a read then a write: a job
     that finishes meanwhile is not flipped to canceled (on SQLite, whose `FOR UPDATE` is a
-    no-op, the read and the write could straddle the worker's commit)."""
+    no-op, the read and the write could straddle the worker's commit). The running move and
+    the worker's commit_point and success are compare-and-sets on the same row, so exactly one
+    of them wins."""
     if not is_id(job_id):
         raise NotFound(f"no such job: {job_id}")
     mine = and_(Job.id == job_id, Job.tenant_id == tenant)
@@ -304,23 +306,39 @@ def request_cancel(db: Database, *, tenant: str, job_id: str) -> Job:
     with db.session() as session:
         for _ in range(3):  # a move can lose to a claim or a re-queue: look again
             for before, values, event in moves:
+                where = mine if before == QUEUED else and_(mine, cancelable())
                 moved: Any = session.execute(
                     update(Job)
-                    .where(mine, Job.status == before)
+                    .where(where, Job.status == before)
                     .values(cancel_requested=True, **values)
                 )
                 if int(moved.rowcount) == 1:
                     reason = {"reason": "canceled before it started"} if before == QUEUED else {}
                     add_event(session, job_id, event, **reason)
                     return _fresh(session, job_id)
-            job = session.get(Job, job_id, populate_existing=True)
-            if job is None or job.tenant_id != tenant:
-                raise NotFound(f"no such job: {job_id}")
-            if job.status in TERMINAL:
-                raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
-            if job.status == CANCELING:
+            job = _cancel_refused(session, tenant=tenant, job_id=job_id)
+            if job is not None:
                 return job  # asked before: nothing more to do
         raise Conflict(f"job {job_id} keeps changing state; retry", details={"field": "job_id"})
+
+
+def _cancel_refused(session: Session, *, tenant: str, job_id: str) -> Job | None:
+    """After both moves missed: the job when it is already canceling; None when it moved
+    meanwhile (look again); NotFound, or Conflict when it is too late to cancel."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None or job.tenant_id != tenant:
+        raise NotFound(f"no such job: {job_id}")
+    if job.status in TERMINAL:
+        raise Conflict(f"job {job_id} already {job.status}", details={"status": job.status})
+    if job.status == CANCELING:
+        return job
+    if job.status == RUNNING and job.stage in COMMITTED_STAGES:
+        raise Conflict(
+            f"job {job_id} can no longer be canceled: it is past its point of no return "
+            f"(stage {job.stage}: its output is being made visible) and will finish",
+            details={"status": job.status, "stage": job.stage},
+        )
+    return None
 
 
 def _fresh(session: Session, job_id: str) -> Job:

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="how often a running job proves it is alive (and sees a cancel)"
     )
+    cancel_check_interval_s: float = Field(
+        0.25,
+        gt=0,
+        description="a running job reads its cancel flag from the database at most this often "
+        "(one primary-key read per running job), so a cancel stops it within about this long",
+    )
     stale_after_s: float = Field(
         30.0, gt=0, description="a running job silent this long is presumed dead and re-queued"
     )
@@ -90,10 +96,53 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         1024 * 1024, ge=1, description="largest request body; larger ones are refused unread (413)"
     )
+    max_json_depth: int = Field(
+        64,
+        ge=2,
+        le=200,
+        description="deepest nesting of arrays and objects a JSON body may have; deeper ones are "
+        "refused unparsed (422 naming the body)",
+    )
+    max_stored_request_bytes: int = Field(
+        256 * 1024,
+        ge=1024,
+        description="largest request a job or sweep stores, as JSON (a mergekit config's "
+        "record and its translation included); a submit that would store more is refused "
+        "(413 request_too_large naming the field)",
+    )
     trusted_hosts: list[str] | None = Field(
         None,
         description="JSON list of names the Host (and any Origin) header may carry; '*' for any "
         "(default: localhost, 127.0.0.1, ::1 and LAYERSWAP_HOST unless it is a wildcard)",
+    )
+    # Connections (`layerswap serve`): a client that trickles its request is cut off, and the
+    # number of connections per process is bounded, so slow clients cannot use up its file
+    # descriptors (which its database connections and checkpoint reads need too).
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request's head (request line and headers) must arrive within this long "
+        "of the connection opening, or of its first byte on a kept-alive connection; else "
+        "408 and the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a request's body must arrive in full within this long of its head; else "
+        "408 and the connection is closed",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="connections one API process holds open; while that many are open (or as "
+        "many requests are being answered) a request is answered 503, and a further "
+        "connection is answered 503 and closed at once",
+    )
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="addresses or networks of the reverse proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are believed (JSON list or comma-separated; '*' for any peer). "
+        "Default: none, so the client is the connection's own peer",
     )
     sse_max_seconds: float = Field(
         900.0, gt=0, description="an event stream ends after this long (the client resumes)"
@@ -101,8 +150,35 @@ class Settings(BaseSettings):
     sse_streams_per_tenant: int = Field(
         8, ge=1, description="concurrent event streams a tenant may hold open per API process"
     )
+    stop_timeout_s: int = Field(
+        5,
+        ge=0,
+        description="on a stop (SIGTERM), how long `layerswap serve` lets the requests in progress "
+        "finish (long polls and event streams would hold it for minutes) before it cuts them "
+        "and exits; keep it under the grace period of whatever stops it (Docker's: 10 s)",
+    )
+    # Storage: what one tenant may make the service store (core/quota.py, engine/output_size.py).
     tenant_quota_bytes: int = Field(
-        0, ge=0, description="bytes of stored outputs and analyses per tenant (0: unlimited)"
+        100 * 1024**3,
+        ge=0,
+        description="bytes a tenant may store: its live outputs and analyses plus the database "
+        "records of its jobs, sweeps and webhooks. The default, 100 GiB, bounds each tenant of a "
+        "small deployment (a few 7B merges at ~15 GB each) so one cannot fill the disk shared "
+        "by all; 0 means unlimited, for an operator who bounds storage otherwise",
+    )
+    max_output_ratio: float = Field(
+        4.0,
+        ge=1,
+        description="a merge's output may be at most this many times the size of its distinct "
+        "inputs (checked from headers at submit and again before writing; 422 "
+        "output_too_large). 4 lets a passthrough repeat layers (32 to 48: 1.5x), a union "
+        "vocabulary grow the embeddings and bfloat16 become float32 (2x), together",
+    )
+    quota_records_refresh_s: float = Field(
+        10.0,
+        ge=0,
+        description="a tenant's database bytes (a sum over all its jobs) are summed again after "
+        "this long; in between each API process reuses its last sum (0: at every check)",
     )
     eval_tasks_dir: Path | None = Field(
         None, description="extra lm-eval task YAMLs (air-gapped deployments), beside lm-eval's own"
@@ -210,7 +286,23 @@ class Settings(BaseSettings):
                 raise ValueError(f"not a network: {network!r} (e.g. 10.0.0.0/8)") from None
         return value
 
-    @field_validator("webhook_secret_keys", mode="before")
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        """Written as uvicorn compares them: it takes anything it cannot parse, a network
+        with host bits set included, for a name no peer has; '*' only when alone."""
+        if "*" in value:
+            return ["*"]
+        try:
+            return [
+                str(ipaddress.ip_network(proxy, strict=False) if "/" in proxy
+                    else ipaddress.ip_address(proxy))
+                for proxy in value
+            ]  # fmt: skip
+        except ValueError as e:
+            raise ValueError(f"{e} (e.g. 10.0.0.5 or 10.0.0.0/8)") from None
+
+    @field_validator("webhook_secret_keys", "forwarded_allow_ips", mode="before")
     @classmethod
     def _key_list(cls, value: Any) -> Any:
         if isinstance(value, str):

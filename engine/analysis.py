@@ -25,6 +25,7 @@ from engine.analysis_result import AnalysisResult, ExpertDelta, SwapSuggestion
 from engine.architectures import LayerStack
 from engine.checkpoint import Checkpoint
 from engine.errors import IncompatibleCheckpointsError, MergeCanceled, RecipeError
+from engine.file_access import FileGuard
 from engine.progress import CancelCheck
 from engine.safetensors_format import FLOAT_DTYPES, TensorInfo
 from engine.tensor_io import iter_row_chunks, read_elements
@@ -227,8 +228,10 @@ def analyze(
     task: str | None = None,
     language: str | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    guard: FileGuard | None = None,
 ) -> AnalysisResult:
-    """Analyse each `(label, path)` expert against `base` (see the module docstring).
+    """Analyse each `(label, path)` expert against `base` (see the module docstring); `guard`
+    confines the files read (engine/file_access.py).
 
     Threshold: `threshold` if given, else the 90th percentile (linear interpolation) of the row
     MAVs of every per-layer tensor of every expert, pooled. Non-layer tensors (embeddings, final
@@ -239,9 +242,9 @@ def analyze(
     _check_roles([label for label, _ in experts], task, language)
     opened: list[Checkpoint] = []
     try:
-        base_ckpt = Checkpoint.open(base)
+        base_ckpt = Checkpoint.open(base, guard)
         opened.append(base_ckpt)
-        opened.extend(Checkpoint.open(path) for _, path in experts)
+        opened.extend(Checkpoint.open(path, guard) for _, path in experts)
         expert_ckpts = opened[1:]
         labelled = [(label, c) for (label, _), c in zip(experts, expert_ckpts, strict=True)]
         check_same_tensors(base_ckpt, labelled)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +21,7 @@ from engine.architectures import (
     model_type_of,
 )
 from engine.errors import CheckpointError, quoted
+from engine.file_access import FileGuard, Opener, confined, open_file, read_file
 from engine.limits import MAX_JSON_BYTES, MAX_TENSORS, MAX_WEIGHT_FILES
 from engine.safetensors_format import TensorInfo, read_header
 
@@ -46,42 +46,27 @@ class Checkpoint:
     config: dict[str, Any]
     tensors: dict[str, TensorInfo]
     weight_files: list[Path]
+    # How its files are opened: as named, or confined by the caller's guard (file_access.py).
+    opener: Opener = field(default=open_file, repr=False, compare=False)
     _fds: dict[Path, int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, path: Path) -> Checkpoint:
-        """Open and validate a checkpoint directory (headers only)."""
+    def open(cls, path: Path, guard: FileGuard | None = None) -> Checkpoint:
+        """Open and validate a checkpoint directory (headers only). With `guard`, every file of
+        it that is read is checked first, then and later (file_access.py)."""
         if not path.is_dir():
             raise CheckpointError.at(path, "not a checkpoint directory (does not exist)")
-        config = read_json(path / "config.json")
+        opener = open_file if guard is None else confined(path, guard)
+        config = read_json(path / "config.json", opener=opener)
         if not isinstance(config, dict):
             raise CheckpointError.at(path / "config.json", "must be a JSON object")
-        files, expected = _weight_files(path)
-        tensors: dict[str, TensorInfo] = {}
-        for file in files:
-            found, _ = read_header(file)
-            if len(tensors) + len(found) > MAX_TENSORS:
-                raise CheckpointError.at(path, f"more than {MAX_TENSORS} tensors")
-            for name, info in found.items():
-                if name in tensors:
-                    raise CheckpointError.at(
-                        file, f"tensor {quoted(name)} also in {tensors[name].file}"
-                    )
-                if expected is not None and expected.get(name) != file.name:
-                    raise CheckpointError.at(
-                        path / INDEX_FILE,
-                        f"tensor {quoted(name)} in {file.name} is not indexed there",
-                    )
-                tensors[name] = info
-        if expected is not None and (missing := sorted(set(expected) - set(tensors))):
-            raise CheckpointError.at(
-                path / INDEX_FILE, f"indexed tensors missing from the shards: {missing[:5]}"
-            )
+        files, expected = _weight_files(path, opener)
+        tensors = _read_tensors(path, files, expected, opener)
         if not tensors:
             raise CheckpointError.at(path, "checkpoint holds no tensors")
         if problem := layer_count_problem(config):
             raise CheckpointError.at(path / "config.json", problem)
-        checkpoint = cls(path, config, tensors, files)
+        checkpoint = cls(path, config, tensors, files, opener)
         if isinstance(stack := checkpoint.layer_stack, Refusal) and stack.contradiction:
             raise CheckpointError.at(path, stack.reason)
         return checkpoint
@@ -119,7 +104,7 @@ class Checkpoint:
         """A cached read-only descriptor for one of this checkpoint's weight files."""
         if file not in self._fds:
             try:
-                self._fds[file] = os.open(file, os.O_RDONLY)
+                self._fds[file] = self.opener(file)
             except OSError as e:
                 raise CheckpointError.at(file, f"cannot open: {e.strerror}") from None
         return self._fds[file]
@@ -139,16 +124,11 @@ class Checkpoint:
         self._fds.clear()
 
 
-def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
+def read_json(path: Path, limit: int = MAX_JSON_BYTES, *, opener: Opener = open_file) -> Any:
     """A checkpoint's JSON file, parsed; a CheckpointError naming the file when it is missing,
-    not a regular file, larger than `limit` bytes or not JSON."""
+    not a regular file, larger than `limit` bytes, refused by `opener` or not JSON."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block the read forever
-            raise CheckpointError.at(path, "not a regular file")
-        if info.st_size > limit:
-            raise CheckpointError.at(path, f"{info.st_size} bytes; at most {limit}")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_file(path, limit, opener).decode("utf-8"))
     except FileNotFoundError:
         raise CheckpointError.at(path, "missing") from None
     except RecursionError:
@@ -158,11 +138,38 @@ def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
         raise CheckpointError.at(path, f"not valid JSON ({str(e)[:200]})") from None
 
 
-def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+def _read_tensors(
+    path: Path, files: list[Path], expected: dict[str, str] | None, opener: Opener
+) -> dict[str, TensorInfo]:
+    """Every tensor of the weight files, by name: each in one file, and where the index (the
+    `expected` weight map, when sharded) says."""
+    tensors: dict[str, TensorInfo] = {}
+    for file in files:
+        found, _ = read_header(file, opener)
+        if len(tensors) + len(found) > MAX_TENSORS:
+            raise CheckpointError.at(path, f"more than {MAX_TENSORS} tensors")
+        for name, info in found.items():
+            if name in tensors:
+                raise CheckpointError.at(
+                    file, f"tensor {quoted(name)} also in {tensors[name].file}"
+                )
+            if expected is not None and expected.get(name) != file.name:
+                raise CheckpointError.at(
+                    path / INDEX_FILE, f"tensor {quoted(name)} in {file.name} is not indexed there"
+                )
+            tensors[name] = info
+    if expected is not None and (missing := sorted(set(expected) - set(tensors))):
+        raise CheckpointError.at(
+            path / INDEX_FILE, f"indexed tensors missing from the shards: {missing[:5]}"
+        )
+    return tensors
+
+
+def _weight_files(path: Path, opener: Opener) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files to read and, for a sharded checkpoint, the index's weight map."""
     index = path / INDEX_FILE
     if index.is_file():
-        data = read_json(index)
+        data = read_json(index, opener=opener)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) and "/" not in v and "\0" not in v and v.endswith(".safetensors")

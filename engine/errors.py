@@ -47,6 +47,13 @@ class RecipeError(EngineError):
         return cls(f"{field}: {problem}", details={"field": field})
 
 
+class OutputTooLarge(RecipeError):
+    """The planned output is more times the size of its inputs than the caller allows (the
+    service's `max_output_ratio`); `details["field"]` names what makes it big."""
+
+    code = "output_too_large"
+
+
 class CheckpointError(EngineError):
     """A checkpoint is missing, malformed or unsafe; `details["path"]` names the file."""
 

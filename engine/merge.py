@@ -22,15 +22,18 @@ from typing import Any
 from engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from engine.digests import file_sha256
 from engine.errors import (
-    CheckpointError,
     DeviceError,
     DiskFull,
+    MergeCanceled,
     OutputError,
+    OutputTooLarge,
     is_disk_full,
 )
+from engine.file_access import FileGuard, Opener, copy_file
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.mergekit import MergekitOrigin
 from engine.model_card import render_card
+from engine.output_size import check_output_ratio
 from engine.plan import Plan
 from engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from engine.progress import CancelCheck, ProgressCallback
@@ -62,6 +65,11 @@ class MergeOptions:
     # The mergekit config the recipe was translated from: checked against the plan, its
     # warnings added to the plan's, the config recorded in the manifest.
     mergekit: MergekitOrigin | None = None
+    # Confines the files read from the inputs (the service's allowed source directories);
+    # None: every file as named, symlinks followed (engine/file_access.py).
+    file_guard: FileGuard | None = None
+    # The most times the inputs' size the output may be (OutputTooLarge); None: no bound.
+    max_output_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,9 @@ def merge(
     options = options or MergeOptions()
     check_output(out_dir, overwrite=options.overwrite)
     plan = make_plan(
-        recipe, resolve=resolve, chunk_elements=options.chunk_elements, should_cancel=should_cancel
-    )
+        recipe, resolve=resolve, chunk_elements=options.chunk_elements,
+        should_cancel=should_cancel, guard=options.file_guard,
+    )  # fmt: skip
     try:
         return execute(plan, recipe, out_dir, options, on_progress, should_cancel)
     finally:
@@ -114,9 +123,7 @@ def execute(
     out_dir = out_dir.absolute()
     if options.mergekit is not None:
         options.mergekit.apply(plan)
-    needed = planned_output_bytes(plan)
-    if options.reserve_space is not None:
-        options.reserve_space(needed)  # e.g. a tenant's storage quota: refused before any write
+    needed = _check_size(plan, options)
     staging = _make_staging(out_dir, options.staging_tag)
     stop_hashing = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="input-digests") as pool:
@@ -134,6 +141,8 @@ def execute(
             manifest = _write_card_and_manifest(
                 plan, recipe, staging, inputs, files, options.job, options.mergekit
             )
+            if should_cancel is not None and should_cancel():  # the last look before the rename
+                raise MergeCanceled("canceled before the output was published")
             _publish(staging, out_dir, durable=options.durable, overwrite=options.overwrite)
         except BaseException as e:  # cleanup on any exit (a cancel too), then re-raised
             stop_hashing.set()  # the pool's exit waits for the hashing thread: end it now
@@ -142,6 +151,20 @@ def execute(
                 raise DiskFull.at(out_dir.parent, "the output") from None
             raise
     return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
+
+
+def _check_size(plan: Plan, options: MergeOptions) -> int:
+    """The output's planned size, once it is allowed: refused before any write when it is too
+    many times its inputs' or does not fit the caller's room (a tenant's storage quota)."""
+    if options.max_output_ratio is not None:
+        try:
+            check_output_ratio(plan, options.max_output_ratio)
+        except OutputTooLarge as e:
+            raise (options.mergekit.renamed(e) if options.mergekit else e) from None
+    needed = planned_output_bytes(plan)
+    if options.reserve_space is not None:
+        options.reserve_space(needed)
+    return needed
 
 
 def _make_staging(out_dir: Path, staging_tag: str) -> Path:
@@ -208,23 +231,28 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
     vocabulary = plan.vocabulary
     rewritten = vocabulary is not None and vocabulary.tokenizer_changed
+    openers = _openers(plan)
     sources = _side_file_sources(config_dir, None if rewritten else tokenizer_dir)
     for directory, name in sources:
         if (directory / name).is_file():
-            if (size := (directory / name).stat().st_size) > MAX_SIDE_FILE_BYTES:
-                raise CheckpointError.at(
-                    directory / name, f"{size} bytes; at most {MAX_SIDE_FILE_BYTES}"
-                )
-            shutil.copyfile(directory / name, staging / name)
+            copy_file(directory / name, staging / name, MAX_SIDE_FILE_BYTES, openers[directory])
             if name == "config.json" and (dtype != "source" or plan.config_changes):
                 _edit_config(staging / name, dtype, plan.config_changes)
             written[name] = file_sha256(staging / name)
     if vocabulary is None:
         _warn_tokenizer_mismatch(plan)
     elif rewritten:  # tokens added or dropped: a new tokenizer.json numbering the rows
-        for name in vocabulary.write_tokenizer(tokenizer_dir, staging):
+        for name in vocabulary.write_tokenizer(tokenizer_dir, staging, openers[tokenizer_dir]):
             written[name] = file_sha256(staging / name)
     return written
+
+
+def _openers(plan: Plan) -> dict[Path, Opener]:
+    """How each input directory's files are opened (its checkpoint's opener)."""
+    return {
+        Path(ref.path): checkpoint.opener
+        for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True)
+    }
 
 
 def _side_file_sources(config_dir: Path, tokenizer_dir: Path | None) -> list[tuple[Path, str]]:
@@ -264,10 +292,11 @@ def _warn_tokenizer_mismatch(plan: Plan) -> None:
     reference = Path(plan.inputs[plan.tokenizer_input].path) / "tokenizer.json"
     if not reference.is_file():
         return
-    digest = file_sha256(reference)
+    openers = _openers(plan)
+    digest = file_sha256(reference, opener=openers[reference.parent])
     for ref in plan.inputs:
         other = Path(ref.path) / "tokenizer.json"
-        if other.is_file() and file_sha256(other) != digest:
+        if other.is_file() and file_sha256(other, opener=openers[other.parent]) != digest:
             plan.warnings.append(
                 f"tokenizer.json of {ref.label} differs from "
                 f"{plan.inputs[plan.tokenizer_input].label}'s, which was used"
@@ -307,11 +336,14 @@ def _identify_inputs(
     identities = []
     for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
         files = sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
+        opener = checkpoint.opener
         identities.append({
             "label": ref.label,
             "role": ref.role,
             "source": ref.source,
-            "files": {f.name: known.get(f) or file_sha256(f, cache, should_stop) for f in files},
+            "files": {
+                f.name: known.get(f) or file_sha256(f, cache, should_stop, opener) for f in files
+            },
         })  # fmt: skip
     return identities
 

@@ -10,6 +10,7 @@ from typing import Any
 from engine.architectures import LayerStack
 from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
+from engine.file_access import FileGuard
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
@@ -40,16 +41,18 @@ def make_plan(
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     should_cancel: CancelCheck | None = None,
     headers_only: bool = False,
+    guard: FileGuard | None = None,
 ) -> Plan:
     """Open every input (headers only), validate them together and plan every output tensor.
     `should_cancel` is asked while planning reads weights (magnitude weights). `headers_only`
     skips those reads (magnitude weights come out equal): every check, none of the cost, for
-    validating a request before it is accepted."""
+    validating a request before it is accepted. `guard` confines the files read from the
+    inputs (engine/file_access.py)."""
     refs = input_refs(recipe, resolve)
     checkpoints: list[Checkpoint] = []
     try:
         for ref in refs:
-            checkpoints.append(Checkpoint.open(Path(ref.path)))
+            checkpoints.append(Checkpoint.open(Path(ref.path), guard))
         vocabulary = _vocabulary(recipe, refs, checkpoints)
         check_compatible(refs, checkpoints, vocabulary.tensors if vocabulary else frozenset())
         inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)

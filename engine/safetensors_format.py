@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointError, quoted
+from engine.file_access import Opener, open_file
 from engine.limits import MAX_RANK
 
 # Same limit as the reference implementation: nobody needs a 100 MB header.
@@ -56,9 +57,12 @@ class TensorInfo:
         return DTYPE_SIZES[self.dtype]
 
 
-def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Parse and validate a safetensors file's header: (tensors by name, metadata)."""
-    size, header_len, raw = _read_raw_header(path)
+def read_header(
+    path: Path, opener: Opener = open_file
+) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and validate a safetensors file's header: (tensors by name, metadata), the file
+    opened by `opener` (engine/file_access.py)."""
+    size, header_len, raw = _read_raw_header(path, opener)
     header = _parse_json(path, raw)
     metadata = _metadata(path, header.pop("__metadata__", None))
     data_start = 8 + header_len
@@ -67,11 +71,11 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     return tensors, metadata
 
 
-def _read_raw_header(path: Path) -> tuple[int, int, bytes]:
+def _read_raw_header(path: Path, opener: Opener) -> tuple[int, int, bytes]:
     """(file size, header length, header bytes), the length checked against the file."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with os.fdopen(opener(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size  # of the file opened, whatever its name is now
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError.at(path, f"truncated: {size} bytes, too short for a header")

@@ -9,7 +9,6 @@ so its normaliser, pre-tokeniser, post-processor and special tokens stay that in
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 
 from engine.checkpoint import read_json
 from engine.errors import CheckpointError, RecipeError
-from engine.limits import MAX_TOKENIZER_BYTES, MAX_VOCABULARY
+from engine.file_access import Opener, copy_file, open_file
+from engine.limits import MAX_SIDE_FILE_BYTES, MAX_TOKENIZER_BYTES, MAX_VOCABULARY
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -69,9 +69,12 @@ class TokenizerVocabulary:
         return sorted(self.added, key=lambda t: self.added[t]["id"])
 
 
-def read_tokenizer(directory: Path, *, field: str, label: str) -> TokenizerVocabulary:
-    """The vocabulary of `directory`'s tokenizer.json; a RecipeError naming `field` when there
-    is none, a CheckpointError naming the file when it is malformed."""
+def read_tokenizer(
+    directory: Path, *, field: str, label: str, opener: Opener = open_file
+) -> TokenizerVocabulary:
+    """The vocabulary of `directory`'s tokenizer.json (read through `opener`, the checkpoint's);
+    a RecipeError naming `field` when there is none, a CheckpointError naming the file when it
+    is malformed."""
     path = directory / TOKENIZER_JSON
     if not path.is_file():
         raise RecipeError.for_field(
@@ -80,7 +83,7 @@ def read_tokenizer(directory: Path, *, field: str, label: str) -> TokenizerVocab
             "input's fast tokenizer (transformers writes one with "
             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir))",
         )
-    data = read_json(path, MAX_TOKENIZER_BYTES)
+    data = read_json(path, MAX_TOKENIZER_BYTES, opener=opener)
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, list):  # Unigram: [token, score] pairs, the index is the id
@@ -118,14 +121,16 @@ def new_entry(token: str, vocabulary: TokenizerVocabulary, new_id: int) -> dict[
 
 
 def write_tokenizer(
-    source: Path, out: Path, *, rows: int, appended: Sequence[dict[str, Any]], tokens: list[str]
-) -> list[str]:
+    source: Path, out: Path, *, rows: int, appended: Sequence[dict[str, Any]], tokens: list[str],
+    opener: Opener = open_file,
+) -> list[str]:  # fmt: skip
     """Write the merged tokenizer into `out` from `source`'s: its tokenizer.json without the
     ids from `rows` on, with `appended` added; its tokenizer_config.json with the added
     tokens it lists made the output's (special_tokens_map.json too, see _edit_config).
     Checked by loading it: it must number `tokens` (the
-    output's, by id) exactly. Returns the names written."""
-    data = read_json(source / TOKENIZER_JSON, MAX_TOKENIZER_BYTES)
+    output's, by id) exactly. `source`'s files are read through `opener`. Returns the names
+    written."""
+    data = read_json(source / TOKENIZER_JSON, MAX_TOKENIZER_BYTES, opener=opener)
     _drop_from(data, rows)
     data["added_tokens"] = [*data.get("added_tokens", []), *appended]
     text = json.dumps(data, ensure_ascii=False, indent=2)
@@ -135,7 +140,7 @@ def write_tokenizer(
     kept = set(tokens)
     for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
         if (source / name).is_file():
-            config = read_json(source / name)
+            config = read_json(source / name, opener=opener)
             if isinstance(config, dict):
                 _edit_config(config, data["added_tokens"], kept)
             text = json.dumps(config, ensure_ascii=False, indent=2) + "\n"
@@ -143,7 +148,7 @@ def write_tokenizer(
             written.append(name)
     for name in COPIED_BESIDE:
         if (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
+            copy_file(source / name, out / name, MAX_SIDE_FILE_BYTES, opener)
             written.append(name)
     return written
 

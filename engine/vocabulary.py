@@ -29,6 +29,7 @@ from typing import Any
 from engine.architectures import LayerStack, vocabulary_modules
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
+from engine.file_access import Opener, open_file
 from engine.plan import InputRef, Op, TensorPlan
 from engine.recipe_parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
 from engine.tokenizer_json import (
@@ -134,13 +135,13 @@ class VocabularyPlan:
             f"{'; tokens filled in: ' + ', '.join(lacking) if lacking else ''}"
         )
 
-    def write_tokenizer(self, source: Path, out: Path) -> list[str]:
+    def write_tokenizer(self, source: Path, out: Path, opener: Opener = open_file) -> list[str]:
         """Write the output's tokenizer files into `out` from the tokenizer input's directory
-        `source` (rewritten only where tokens were added or dropped; else the caller copies
-        them as they are). Returns the names written."""
+        `source`, read through `opener` (rewritten only where tokens were added or dropped;
+        else the caller copies them as they are). Returns the names written."""
         return write_tokenizer(
             source, out, rows=self.input_rows[self.tokenizer_input], appended=self.appended,
-            tokens=self.tokens,
+            tokens=self.tokens, opener=opener,
         )  # fmt: skip
 
     def read_into(
@@ -201,7 +202,10 @@ def plan_vocabulary(
     start = _source_input(source, refs, base)
     found = [vocabulary_tensors(c) for c in checkpoints]
     input_rows = [rows for rows, _ in found]
-    read = [read_tokenizer(Path(ref.path), field=FIELD, label=ref.label) for ref in refs]
+    read = [
+        read_tokenizer(Path(ref.path), field=FIELD, label=ref.label, opener=checkpoint.opener)
+        for ref, checkpoint in zip(refs, checkpoints, strict=True)
+    ]
     vocabularies = [v.below(rows) for v, rows in zip(read, input_rows, strict=True)]
     tokens = vocabularies[start].in_id_order(FIELD, refs[start].label)
     appended: list[dict[str, Any]] = []

@@ -29,6 +29,7 @@ from service.api import (
     jobs,
     merges,
     meta,
+    reference,
     sweeps,
     webhooks,
 )
@@ -60,6 +61,8 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
         description="Merge fine-tuned LLM checkpoints on demand: layer swapping, soups, "
         "task arithmetic, TIES.",
         lifespan=_lifespan(context, background),
+        docs_url=None,  # /docs and /redoc are reference.py's: no CDN, a policy of their own
+        redoc_url=None,
     )
     app.state.context = context
     errors.install(app)
@@ -69,6 +72,7 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     for module in (jobs, merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     app.router.routes.append(console.mount())  # the web console: static files, no key
+    reference.install(app)
     return app
 
 

@@ -68,6 +68,20 @@ def test_production_files_name_the_official_images(compose: dict[str, Any]) -> N
     assert services["worker"]["build"]["target"] == "worker"
 
 
+def test_every_service_stops_within_seconds(compose: dict[str, Any]) -> None:
+    """Every container runs under an init (Docker's tini as PID 1, which passes a stop on):
+    a process that is PID 1 itself ignores SIGTERM until it has a handler, so a stop during
+    its start-up would wait out the grace period. Workers hand their job back when stopped
+    (worker/stopping.py): their grace period is for a step that cannot stop midway, not a
+    whole merge."""
+    for name, service in compose["services"].items():
+        assert service.get("init") is True, name
+    for name in ("worker", "worker-cpu"):
+        grace = re.fullmatch(r"(\d+)(s|m)", compose["services"][name]["stop_grace_period"])
+        assert grace is not None, name
+        assert int(grace[1]) * (60 if grace[2] == "m" else 1) <= 120, name
+
+
 def test_compose_flower_is_local_password_protected_and_given_only_the_broker(
     compose: dict[str, Any],
 ) -> None:

@@ -42,6 +42,7 @@ PACKAGE_DATA = (
     "core/db/migrations/versions/0001_initial.py",
     "core/evaluation/tasks/mgsm_local_direct_template",
     "core/evaluation/tasks/mgsm_local_direct_sw.yaml",
+    "core/evaluation/lm_eval_tasks.txt.gz",
 )
 
 

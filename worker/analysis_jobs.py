@@ -14,7 +14,7 @@ from core.db.models import Job, utcnow
 from core.db.session import Database
 from core.lineage import analyses_root, get_or_create_artifact, stored_size
 from core.settings import Settings
-from core.sources import resolve_source
+from core.sources import file_guard, resolve_source
 from engine.analysis_files import write_analysis
 from engine.digests import file_sha256
 from worker.lease import JobLease, settle, write_with_retry
@@ -44,6 +44,7 @@ def run_analysis(job: Job, settings: Settings) -> Analysis:
         threshold=request.get("threshold"),
         task=request.get("task"),
         language=request.get("language"),
+        guard=file_guard(settings, tenant),
     )
     out = analyses_root(settings) / tenant / job.id
     written = write_analysis(result, out)

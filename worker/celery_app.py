@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.exceptions import Reject
 
 from core.db.session import Database
 from core.kinds import QUEUES as KIND_QUEUES
@@ -98,14 +100,25 @@ def _restore_sweep(visibility_timeout_s: float) -> dict[str, int]:
 
 
 def register_task(app: Celery, settings: Settings) -> None:
-    """The worker's task: the same run_job the in-process executor calls."""
+    """The worker's task: the same run_job the in-process executor calls.
+
+    A worker told to stop (Celery's warm shutdown: SIGTERM, or Ctrl+C) does not finish its
+    running job: the job stops at its next check and goes back to the queue
+    (worker/stopping.py), and its message back to Redis, at the head of the queue, where the
+    next worker takes it at once; the worker then exits."""
     database: list[Database] = []  # opened on first use, in the process that runs tasks
+    stopping = threading.Event()
+    # Sent by Celery's own signal handlers, in the process that runs the tasks (solo pool).
+    signals.worker_shutting_down.connect(lambda **_: stopping.set(), weak=False)
 
     @app.task(name=TASK_NAME, ignore_result=True)  # type: ignore[untyped-decorator]
     def run(job_id: str) -> None:
         if not database:
             database.append(Database(settings.database))
-        run_job(job_id, db=database[0], settings=settings)
+        if stopping.is_set() or run_job(
+            job_id, db=database[0], settings=settings, stopping=stopping
+        ):
+            raise Reject("the worker is stopping: the job goes back to the queue", requeue=True)
 
 
 def waiting_job_ids(app: Celery) -> set[str]:

@@ -33,13 +33,13 @@ from core.hub.refs import is_hub_source
 from core.integrations.mlflow_registry import add_scores
 from core.lineage import content_digest, get_or_create_artifact
 from core.settings import Settings
-from core.sources import resolve_source
+from core.sources import file_guard, resolve_source
 from engine.architectures import configured_layer_count
 from engine.digests import file_sha256
 from engine.errors import EngineError
 from engine.methods.layer_swap import LayerSwapRecipe
 from worker.inputs import fetch_hub_inputs, local_resolver
-from worker.lease import JobLease, settle, write_with_retry
+from worker.lease import JobLease, settle_succeeded, write_with_retry
 
 log = logging.getLogger("layerswap.evaluation")
 
@@ -114,6 +114,11 @@ def _evaluate_target(
     keys = {t: reuse_key(target.digest, t, spec, version, task_files) for t in spec.tasks}
     reused = _stored_scores(db, job.tenant_id, keys)
     run = _run_tasks(job, settings, lease, spec, target, [t for t in spec.tasks if t not in reused])
+    # The point of no return: from here the scores go to the card, the Hub and MLflow, and a
+    # cancel is refused; a cancel accepted before ends the job here, having written nothing.
+    lease.commit_point("recording")
+    if run.tasks:
+        write_samples(run.samples, samples_path(settings, job))
     card = _update_model_card(db, settings, job, target, run.scores, version)
     registry = _tag_registered_versions(db, settings, target.artifact_id, run.scores)
     result = _evaluation_result(
@@ -122,7 +127,7 @@ def _evaluate_target(
     )  # fmt: skip
 
     def record(session: Session) -> None:
-        row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
+        row = settle_succeeded(session, lease, finished_at=utcnow(), stage=None)
         session.add_all(_score_rows(job, spec, target, run, keys, version))
         _attach_reused(session, job.tenant_id, target.artifact_id, [keys[t] for t in reused])
         _link_evaluated(session, job, target.artifact_id)
@@ -140,13 +145,14 @@ class _Run:
     scores: list[Score] = field(default_factory=list)
     seconds: float = 0.0
     requests_run: dict[str, int] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # per-sample records, unwritten
 
 
 def _run_tasks(
     job: Job, settings: Settings, lease: JobLease, spec: EvaluationSpec, target: Target,
     tasks: list[str],
 ) -> _Run:  # fmt: skip
-    """Evaluate `tasks` with lm-eval (stage `evaluating`) and store their per-sample records."""
+    """Evaluate `tasks` with lm-eval (stage `evaluating`), keeping their per-sample records."""
     if not tasks:
         return _Run(tasks)
     progress = lease.stage_progress("evaluating")
@@ -162,8 +168,7 @@ def _run_tasks(
         should_cancel=lease.should_cancel,
         timeout_s=settings.eval_timeout_s,
     )
-    write_samples(outcome.samples, samples_path(settings, job))
-    return _Run(tasks, outcome.scores, outcome.seconds, outcome.requests_run)
+    return _Run(tasks, outcome.scores, outcome.seconds, outcome.requests_run, outcome.samples)
 
 
 def _score_rows(
@@ -347,6 +352,7 @@ def _in_memory_target(
         hash_cache=settings.cache_dir / "sha256",
         known_digests=known,
         should_cancel=lease.should_cancel,
+        guard=file_guard(settings, job.tenant_id),
     )
     config = built.model.config
     with db.session() as session:

@@ -20,6 +20,7 @@ from worker.pipeline import run_job
 
 log = logging.getLogger("layerswap.executor")
 PUBLISH_BATCH = 256  # most messages sent in one Redis pipeline
+STOP_WAIT_S = 3.0  # how long a stopping API process waits for its job to be handed back
 
 
 def make_executor(db: Database, settings: Settings) -> LocalExecutor | CeleryExecutor:
@@ -37,6 +38,7 @@ class LocalExecutor:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="layerswap-jobs", daemon=True)
         self._current: str | None = None
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         self._thread.start()
@@ -59,8 +61,14 @@ class LocalExecutor:
         return waiting | ({current} if current else set())
 
     def stop(self) -> None:
-        # A running merge is not waited for: its job is resumed on the next start.
+        """The running job, if any, stops and goes back to the queue (worker/stopping.py),
+        waited for STOP_WAIT_S at most: past that the process ends anyway, and the job is
+        resumed as after a crash (on the next start, or by a sibling API process's
+        reconciler)."""
+        self._stopping.set()
         self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout=STOP_WAIT_S)
 
     def idle(self) -> bool:
         return self._queue.unfinished_tasks == 0
@@ -69,7 +77,8 @@ class LocalExecutor:
         while (job_id := self._queue.get()) is not None:
             self._current = job_id
             try:
-                run_job(job_id, db=self.db, settings=self.settings)
+                if not self._stopping.is_set():  # else it stays queued, for the next start
+                    run_job(job_id, db=self.db, settings=self.settings, stopping=self._stopping)
             except Exception:  # the job thread's loop (the database went away, say): keep serving
                 log.exception("job %s could not be run", job_id)
             finally:

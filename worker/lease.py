@@ -4,12 +4,13 @@ by attempt so that an attempt presumed dead can change nothing."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import update
+from sqlalchemy import and_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -18,6 +19,7 @@ from core.changes import touched
 from core.db.models import Job, utcnow
 from core.db.session import Database
 from core.settings import Settings
+from engine.errors import MergeCanceled
 from engine.progress import Progress
 
 log = logging.getLogger("layerswap.pipeline")
@@ -36,14 +38,33 @@ class JobLease:
     at its next cancel check. Heartbeats come from their own thread, so a long step with no
     progress (an fsync, a huge tensor) never makes a live job look dead. A database that is
     briefly away costs some heartbeats and progress rows, never the merge.
+
+    The cancel flag is the job row's (a cancel may come through any API process, and a Celery
+    worker is another process): should_cancel reads it at most every cancel_check_interval_s,
+    the heartbeat on each beat.
+
+    `stopping`, once set (the process is stopping: worker/stopping.py), stops the attempt at
+    the same checks as a cancel.
     """
 
-    def __init__(self, db: Database, job_id: str, attempt: int, settings: Settings) -> None:
+    def __init__(
+        self,
+        db: Database,
+        job_id: str,
+        attempt: int,
+        settings: Settings,
+        stopping: threading.Event | None = None,
+    ) -> None:
         self.db, self.job_id, self.attempt = db, job_id, attempt
+        self._stopping = threading.Event() if stopping is None else stopping  # None: never set
         self.progress_interval = settings.progress_interval_s
         self.heartbeat_interval = settings.heartbeat_interval_s
+        self.check_interval = settings.cancel_check_interval_s
+        self.retry_s = settings.db_retry_s
         self.lost = self.cancel = False
         self._written = self._event = 0.0
+        self._checked = -math.inf  # the first check reads the flag
+        self._checking = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id[:8]}")
 
@@ -55,10 +76,14 @@ class JobLease:
         self._stop.set()
         self._thread.join()
 
-    def fenced(self) -> Any:
-        return update(Job).where(
+    def mine(self) -> Any:
+        """The SQL condition of this attempt's hold on its job."""
+        return and_(
             Job.id == self.job_id, Job.attempts == self.attempt, Job.status.in_(jobs.ACTIVE)
         )
+
+    def fenced(self) -> Any:
+        return update(Job).where(self.mine())
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
@@ -79,15 +104,66 @@ class JobLease:
             self.cancel = bool(row[0])
 
     def should_cancel(self) -> bool:
-        return self.cancel or self.lost
+        """The engine's check between tensors (and the downloads' between chunks): the flag as
+        read from the row at most every check_interval, from whichever thread asks first; the
+        others meanwhile take the last value read."""
+        if not (self.cancel or self.lost) and self._due() and self._checking.acquire(False):
+            try:
+                self._read_flag()
+            finally:
+                self._checking.release()
+        return self.cancel or self.lost or self.stopping
 
-    def set_stage(self, stage: str) -> None:
+    @property
+    def stopping(self) -> bool:
+        """The process running this attempt is stopping."""
+        return self._stopping.is_set()
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._checked >= self.check_interval
+
+    def _read_flag(self) -> None:
+        self._checked = time.monotonic()
         try:
             with self.db.session() as session:
-                session.execute(self.fenced().values(stage=stage, heartbeat_at=utcnow()))
+                asked = session.scalar(select(Job.cancel_requested).where(self.mine()))
+        except SQLAlchemyError as e:  # the heartbeat reads it too; the next check may answer
+            log.warning("job %s: cancel flag not read (%s)", self.job_id, brief(e))
+            return
+        if asked is None:
+            return  # no longer this attempt's: the heartbeat finds out and stops it
+        self.cancel = self.cancel or bool(asked)
+
+    def set_stage(self, stage: str) -> None:
+        """Enter `stage` (best effort); never over a stage past the point of no return."""
+        try:
+            with self.db.session() as session:
+                session.execute(
+                    self.fenced()
+                    .where(jobs.cancelable())
+                    .values(stage=stage, heartbeat_at=utcnow())
+                )
                 touched(session, self.job_id)
         except SQLAlchemyError as e:
             log.warning("job %s: stage not written (%s)", self.job_id, brief(e))
+
+    def commit_point(self, stage: str) -> None:
+        """The point of no return: enter `stage` (one of jobs.COMMITTED_STAGES) unless a cancel
+        was accepted first, as one compare-and-set, after which a cancel is refused. Raises
+        MergeCanceled when it was (the caller removes what it made), LeaseLost when the job
+        moved on. Asked again (a retried step), it stays where it is."""
+
+        def write(session: Session) -> None:
+            moved: Any = session.execute(
+                self.fenced()
+                .where(Job.status == jobs.RUNNING, Job.cancel_requested.is_(False))
+                .values(stage=stage, heartbeat_at=utcnow())
+            )
+            if int(moved.rowcount) != 1:
+                _refused(session, self)
+            touched(session, self.job_id)
+
+        write_with_retry(self.db, self, write, self.retry_s)
 
     def stage_progress(self, stage: str) -> Callable[[int, int], None]:
         """Enter `stage`; the sink its (done, total) progress goes to (requests or bytes), with
@@ -114,7 +190,13 @@ class JobLease:
         }
         try:
             with self.db.session() as session:
-                written = session.execute(self.fenced().values(heartbeat_at=utcnow(), **counts))
+                # Not once canceling (the job's events then end canceling -> canceled), nor
+                # over a stage past the point of no return.
+                written = session.execute(
+                    self.fenced()
+                    .where(Job.status == jobs.RUNNING, jobs.cancelable())
+                    .values(heartbeat_at=utcnow(), **counts)
+                )
                 if int(getattr(written, "rowcount", 0)) == 1:
                     touched(session, self.job_id)  # long polls see progress as it is written
                 if int(getattr(written, "rowcount", 0)) == 1 and (
@@ -139,6 +221,33 @@ def settle(session: Session, lease: JobLease, **values: Any) -> Job:
     job = session.get(Job, lease.job_id, populate_existing=True)
     assert job is not None
     return job
+
+
+def settle_succeeded(session: Session, lease: JobLease, **values: Any) -> Job:
+    """settle, as succeeded: the point of no return of a job that has nothing to make visible
+    outside first. The compare-and-set also needs status running and no cancel asked:
+    MergeCanceled when one was (the caller removes what it made, then records canceled),
+    LeaseLost when the job moved on. Either way this transaction has written nothing."""
+    moved: Any = session.execute(
+        lease.fenced()
+        .where(Job.status == jobs.RUNNING, Job.cancel_requested.is_(False))
+        .values(status=jobs.SUCCEEDED, **values)
+    )
+    if int(moved.rowcount) != 1:
+        _refused(session, lease)
+    job = session.get(Job, lease.job_id, populate_existing=True)
+    assert job is not None
+    return job
+
+
+def _refused(session: Session, lease: JobLease) -> NoReturn:
+    """Why a compare-and-set that needs no cancel missed: MergeCanceled when this attempt's
+    job is canceling, LeaseLost otherwise."""
+    status = session.scalar(select(Job.status).where(lease.mine()))
+    if status == jobs.CANCELING:
+        lease.cancel = True
+        raise MergeCanceled("canceled before the output was recorded")
+    raise LeaseLost(lease.job_id)
 
 
 def write_with_retry(

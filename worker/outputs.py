@@ -1,11 +1,14 @@
 """An output directory across attempts: what an earlier attempt left (leftovers to remove, or
-a complete output to adopt), and an earlier job's identical output to reuse. Whose output a
-directory is: core/output_manifest.py."""
+a complete output to adopt), an earlier job's identical output to reuse, and the output of a
+job canceled before recording it, removed. Whose output a directory is: core/output_manifest.py."""
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ from engine.digests import file_sha256
 from engine.merge import MANIFEST, MergeResult
 from engine.planner import make_plan
 from engine.recipe import recipe_to_dict
+
+log = logging.getLogger("layerswap.outputs")
 
 
 def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
@@ -45,6 +50,19 @@ def published_by_earlier_attempt(out_dir: Path, job_id: str) -> Any:
 
 def made_by(out_dir: Path, job_id: str) -> bool:
     return output_owner(out_dir) == job_id
+
+
+def discard_output(out_dir: Path, job_id: str) -> None:
+    """Remove the output `job_id` published, its job canceled before recording it: renamed
+    aside first (as the engine names a swapped-out output), so that a process dying mid-way
+    leaves a leftover the next job of that name removes, never a half-deleted output holding
+    the name. An output whose manifest names another job is left alone."""
+    if not made_by(out_dir, job_id):
+        return
+    aside = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(out_dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    log.info("job %s: canceled; removed its output %s", job_id, out_dir)
 
 
 # The engine's names beside an output (engine/merge.py): staging directories

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from core import jobs
@@ -31,6 +34,7 @@ from core.kinds import merge_recipe
 from core.lineage import InputLink, content_digest, get_or_create_artifact, link, stored_size
 from core.quota import space_reserver
 from core.settings import Settings
+from core.sources import file_guard
 from core.webhooks.outbox import artifact_published
 from engine.architectures import configured_layer_count
 from engine.errors import (
@@ -45,45 +49,91 @@ from engine.mergekit import MergekitOrigin
 from worker.analysis_jobs import run_analysis_job
 from worker.evaluation_jobs import run_evaluation
 from worker.inputs import fetch_hub_inputs, local_resolver
-from worker.lease import JobLease, LeaseLost, settle, write_with_retry
-from worker.outputs import identical_output, made_by, published_by_earlier_attempt, remove_leftovers
+from worker.lease import (
+    JobLease,
+    LeaseLost,
+    brief,
+    settle,
+    settle_succeeded,
+    write_with_retry,
+)
+from worker.outputs import (
+    discard_output,
+    identical_output,
+    made_by,
+    published_by_earlier_attempt,
+    remove_leftovers,
+)
+from worker.stopping import hand_back
 
 log = logging.getLogger("layerswap.pipeline")
 
 
-def run_job(job_id: str, *, db: Database, settings: Settings) -> None:
+def run_job(
+    job_id: str, *, db: Database, settings: Settings, stopping: threading.Event | None = None
+) -> bool:
     """Execute one job if this delivery wins the claim; never raises for job failures.
 
     A delivery for a job that is running elsewhere, finished or canceled does nothing, so a
-    broker may deliver twice and the reconciler may re-dispatch freely."""
+    broker may deliver twice and the reconciler may re-dispatch freely. Once `stopping` is set
+    (the process is stopping) the attempt stops and hands its job back to the queue
+    (worker/stopping.py); returns whether it did, so the caller can send the job again."""
     hub_timeouts.configure(settings.hub_timeout_s, settings.hub_min_bytes_per_s)
     attempt = jobs.claim(db, job_id)
     if attempt is None:
         log.info("job %s: not queued (running elsewhere or finished); delivery ignored", job_id)
-        return
+        return False
     with db.session() as session:
         job = session.get(Job, job_id)
         assert job is not None
     log.info("job %s: attempt %d started", job_id, attempt)
-    with JobLease(db, job_id, attempt, settings) as lease:
+    with JobLease(db, job_id, attempt, settings, stopping) as lease:
         # Only once the lease beats, and only queued here (sent by a thread of its own): a
         # lineage backend that is slow or stuck neither delays a job nor makes it look dead.
         openlineage.job_started(db, settings, job_id, attempt)
-        try:
-            _runner(job.kind)(job, db, settings, lease)
-        except LeaseLost:
-            log.warning("job %s: attempt %d was superseded; its result is dropped", job_id, attempt)
-        except MergeCanceled:
-            if lease.lost:
-                log.warning("job %s: attempt %d stopped: lease lost", job_id, attempt)
-            else:
-                _finish(db, lease, jobs.CANCELED, settings)
-        except (EngineError, ServiceError) as e:
-            _finish(db, lease, jobs.FAILED, settings, error=_error_dict(e))
-        except Exception as e:  # the job's boundary: it fails the job, not the worker
-            _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job_id, e))
+        handed_back = _attempt(job, db, settings, lease)
     openlineage.job_ended(db, settings, job_id)
     log.info("job %s: attempt %d done", job_id, attempt)
+    return handed_back
+
+
+def _attempt(job: Job, db: Database, settings: Settings, lease: JobLease) -> bool:
+    """Run the claimed job to its end, whatever it raises; whether it was handed back."""
+    try:
+        _runner(job.kind)(job, db, settings, lease)
+    except LeaseLost:
+        log.warning(
+            "job %s: attempt %d was superseded; its result is dropped", job.id, lease.attempt
+        )
+    except MergeCanceled:
+        return _stopped(db, lease, settings)
+    except (EngineError, ServiceError) as e:
+        _finish(db, lease, jobs.FAILED, settings, error=_error_dict(e))
+    except Exception as e:  # the job's boundary: it fails the job, not the worker
+        _finish(db, lease, jobs.FAILED, settings, error=_unexpected(job.id, e))
+    return False
+
+
+def _stopped(db: Database, lease: JobLease, settings: Settings) -> bool:
+    """An attempt that stopped at a cancel check: lease lost (nothing to write), canceled, or
+    its process stopping, when the job goes back to the queue (True) unless it was canceled
+    meanwhile."""
+    if lease.lost:
+        log.warning("job %s: attempt %d stopped: lease lost", lease.job_id, lease.attempt)
+        return False
+    if lease.stopping and not lease.cancel:
+        try:
+            if hand_back(db, lease):
+                return True
+        except SQLAlchemyError as e:
+            log.warning(
+                "job %s: not handed back (%s); re-queued once its heartbeat is stale",
+                lease.job_id,
+                brief(e),
+            )
+            return False
+    _finish(db, lease, jobs.CANCELED, settings)
+    return False
 
 
 def _runner(kind: str) -> Callable[[Job, Database, Settings, JobLease], None]:
@@ -153,20 +203,35 @@ def run_merge(job: Job, db: Database, settings: Settings, lease: JobLease) -> No
             result = _merge(job, recipe, out_dir, settings, lease, fetched, db)
         elif reused_from is None:
             log.info("job %s: adopting the output an earlier attempt published", job.id)
-        published = _publish(job, recipe, out_dir, result, settings, lease)
-        registered = _register_output(
-            job, recipe, result, published, settings, lease,
-            discard=out_dir if reused_from is None else None,
-        )  # fmt: skip
-        made = _MergeOutput(out_dir, result, reused_from, published, registered)
-        inputs = fetched.directories if fetched else {}
-        write_with_retry(
-            db, lease, lambda session: _record_success(session, job, lease, settings, made, inputs),
-            settings.db_retry_s,
-        )  # fmt: skip
+        own = out_dir if reused_from is None else None
+        with _discarded_if_canceled(own, job.id):
+            published = _publish(job, recipe, out_dir, result, settings, lease)
+            registered = _register_output(
+                job, recipe, result, published, settings, lease, discard=own
+            )
+            made = _MergeOutput(out_dir, result, reused_from, published, registered)
+            inputs = fetched.directories if fetched else {}
+            write_with_retry(
+                db, lease,
+                lambda session: _record_success(session, job, lease, settings, made, inputs),
+                settings.db_retry_s,
+            )  # fmt: skip
     finally:
         if fetched is not None:
             fetched.close()
+
+
+@contextmanager
+def _discarded_if_canceled(own: Path | None, job_id: str) -> Iterator[None]:
+    """A cancel accepted before the point of no return (the Hub commit, the MLflow version,
+    or, with neither, the success itself) takes the output this job made with it; one reused
+    from another job stays that job's."""
+    try:
+        yield
+    except MergeCanceled:
+        if own is not None:
+            discard_output(own, job_id)
+        raise
 
 
 @dataclass(frozen=True)
@@ -205,8 +270,9 @@ def _publish(
     )  # fmt: skip
     try:
         return publish(
-            out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files
-        ).to_dict()
+            out_dir, recipe.output.hub, token=token, job_id=job.id, digests=result.files,
+            before_commit=lambda: lease.commit_point("committing"),
+        ).to_dict()  # fmt: skip
     except HubError:
         # The job failed: it leaves no output, and the same name can be asked again.
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -228,7 +294,7 @@ def _register_output(
     removed, as for publishing: the job leaves no output and the name is free."""
     if recipe.output.mlflow is None:
         return None
-    lease.set_stage("registering")
+    lease.commit_point("registering")
     try:
         return _register(job, recipe, result, published, settings)
     except ServiceError:
@@ -246,7 +312,7 @@ def _record_success(
     inputs: dict[str, Path],
 ) -> None:
     """Settle the job as succeeded with its output artifact, lineage, result and follow-ups."""
-    row = settle(session, lease, status=jobs.SUCCEEDED, finished_at=utcnow(), stage=None)
+    row = settle_succeeded(session, lease, finished_at=utcnow(), stage=None)
     manifest = made.result.manifest
     output = _output_artifact(session, job, made)
     link(session, row, _input_links(session, job, manifest, settings, inputs), output)
@@ -326,6 +392,8 @@ def _merge(
         job={"id": job.id, "attempt": lease.attempt},
         known_digests=fetched.digests if fetched else {},
         reserve_space=space_reserver(db, settings, job.tenant_id),
+        file_guard=file_guard(settings, job.tenant_id),
+        max_output_ratio=settings.max_output_ratio,
         mergekit=MergekitOrigin.from_record(job.request["mergekit"])
         if "mergekit" in job.request
         else None,

@@ -26,6 +26,7 @@ from core.evaluation.errors import EvaluationFailed
 from engine.checkpoint import Checkpoint
 from engine.digests import file_sha256
 from engine.errors import MergeCanceled
+from engine.file_access import FileGuard
 from engine.kernels import Kernels
 from engine.methods.layer_swap import LayerSwapRecipe
 from engine.plan import Plan
@@ -55,12 +56,13 @@ def assemble(
     hash_cache: Path | None = None,
     known_digests: dict[Path, str] | None = None,  # Hub LFS files: their sha256 is known
     should_cancel: Callable[[], bool] | None = None,
+    guard: FileGuard | None = None,  # confines the files read (engine/file_access.py)
 ) -> Assembled:
     # transformers: heavy; loaded by in-memory evaluations only
     from transformers import AutoTokenizer
 
     started = time.monotonic()
-    plan = make_plan(recipe, resolve=resolve)
+    plan = make_plan(recipe, resolve=resolve, guard=guard)
     try:
         state, referenced, computed = _assemble_tensors(plan, should_cancel)
         identity = _input_files(plan, hash_cache, known_digests, should_cancel)

@@ -1,6 +1,7 @@
 """Which task names exist: lm-eval's own, the shipped local MGSM tasks (tasks/), and those in
-LAYERSWAP_EVAL_TASKS_DIR. Building lm-eval's task index takes seconds, so it is built once per
-process and data directory."""
+LAYERSWAP_EVAL_TASKS_DIR. Checking a name needs no lm-eval import (core/evaluation/task_names.py);
+running tasks does, and building lm-eval's task index takes seconds, so the TaskManager that
+runs them is built once per process and data directory."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.evaluation.errors import EvaluationUnavailable, UnknownTask
+from core.evaluation.task_names import lm_eval_names, names_in
 
 SHIPPED_TASKS = Path(__file__).parent / "tasks"
 
@@ -65,14 +67,19 @@ def task_manager(names: list[str], tasks_dir: Path | None, data_dir: Path) -> An
     return full_manager(tasks_dir, data_dir)
 
 
-def check_tasks(
-    names: list[str], tasks_dir: Path | None, data_dir: Path, *, field: str = "tasks"
-) -> None:
+def our_names(tasks_dir: Path | None) -> frozenset[str]:
+    """The task, group and tag names of our task directories (read once per process)."""
+    return frozenset().union(*(names_in(Path(d)) for d in _ours(tasks_dir)))
+
+
+def check_tasks(names: list[str], tasks_dir: Path | None, *, field: str = "tasks") -> None:
     """UnknownTask, naming the field and the first unknown name, unless every name is a task
-    (or a group or tag of tasks) lm-eval or our task directories define."""
-    local = set(local_manager(tasks_dir, data_dir).all_tasks)
+    (or a group or tag of tasks) lm-eval or our task directories define. Imports nothing of
+    lm-eval: what a request may wait on is reading a few YAML files and a list of names."""
+    require_lm_eval()  # no names without it: the list is of the installed release's tasks
+    ours = our_names(tasks_dir)
     for i, name in enumerate(names):
-        if name in local or name in full_manager(tasks_dir, data_dir).all_tasks:
+        if name in ours or name in lm_eval_names():
             continue
         raise UnknownTask(
             f"{field}.{i}: unknown task {name!r} (lm-eval task names such as mgsm_direct_sw, "

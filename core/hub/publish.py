@@ -3,10 +3,11 @@
 The output directory is complete and immutable by the time it is published (the merge renamed
 it into place). Publishing first looks at the destination branch: if its head already holds
 exactly these files (a previous attempt committed, then died before recording it, or the
-response was lost), that commit is the result and nothing is pushed. Otherwise one commit is
-made with `parent_commit` = the head seen, so a concurrent writer is detected rather than
-overwritten. LFS uploads that were cut off are resumed by the next try: the Hub keeps what it
-already has, and nothing is visible until the commit.
+response was lost), that commit is the result and nothing is pushed. Otherwise the files are
+uploaded, then one commit is made with `parent_commit` = the head seen, so a concurrent writer
+is detected rather than overwritten. LFS uploads that were cut off are resumed by the next try:
+the Hub keeps what it already has, and nothing is visible until the commit; `before_commit`,
+called between the uploads and the commit, may still stop it there (a job canceled meanwhile).
 """
 
 from __future__ import annotations
@@ -47,13 +48,20 @@ def publish(
     token: str | None,
     job_id: str,
     digests: dict[str, str] | None = None,
+    before_commit: Callable[[], None] = lambda: None,
 ) -> Published:
     """Commit every file of `out_dir` to `dest` (creating the repository and branch if
-    needed). Transient failures are retried; each retry starts by checking the branch head."""
+    needed). Transient failures are retried; each retry starts by checking the branch head.
+    `before_commit` is called once the files are uploaded, before the commit makes them
+    visible (or before an earlier attempt's commit is taken as the result); what it raises
+    ends the publishing with nothing committed."""
     return _retrying(
-        lambda: _publish_once(out_dir, dest, token=token, job_id=job_id, digests=digests or {}),
+        lambda: _publish_once(
+            out_dir, dest, token=token, job_id=job_id, digests=digests or {},
+            before_commit=before_commit,
+        ),
         f"publishing job {job_id}",
-    )
+    )  # fmt: skip
 
 
 def _retrying(attempt: Callable[[], T], what: str) -> T:
@@ -62,7 +70,13 @@ def _retrying(attempt: Callable[[], T], what: str) -> T:
 
 
 def _publish_once(
-    out_dir: Path, dest: HubDestination, *, token: str | None, job_id: str, digests: dict[str, str]
+    out_dir: Path,
+    dest: HubDestination,
+    *,
+    token: str | None,
+    job_id: str,
+    digests: dict[str, str],
+    before_commit: Callable[[], None],
 ) -> Published:
     api = HfApi(token=token or False)
     where = f"hf://{dest.repo}@{dest.branch}"
@@ -72,14 +86,19 @@ def _publish_once(
             api.create_branch(dest.repo, branch=dest.branch, exist_ok=True)
         head = api.model_info(dest.repo, revision=dest.branch, files_metadata=True)
     if _holds(head, out_dir, digests):
+        before_commit()
         log.info("job %s: %s already holds this output (commit %s)", job_id, where, head.sha)
         return Published(
             dest.repo, dest.branch, str(head.sha), _commit_url(dest.repo, str(head.sha)), False
         )
+    additions = _additions(out_dir, digests)
+    with hub_errors(where):
+        api.preupload_lfs_files(dest.repo, additions, revision=dest.branch)  # nothing visible
+    before_commit()
     with hub_errors(where):
         info = api.create_commit(
             repo_id=dest.repo,
-            operations=_additions(out_dir, digests),
+            operations=additions,
             revision=dest.branch,
             commit_message=f"Layerswap merge job {job_id}",
             commit_description="Merged by Layerswap; see README.md and layerswap.json.",

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import RecipeError
 from engine.mergekit.config import (
+    TOP_LEVEL,
     Input,
     IsLocal,
     MergekitConfig,
@@ -72,12 +73,19 @@ def translate(
         fields["tokenizer_source"] = tokenizer
     parsed = _parse(recipe, fields)
     origin = MergekitOrigin(
-        json.loads(json.dumps(data, default=str)),  # JSON for the manifest (YAML has dates)
+        _recorded(data),
         tuple(config.warnings),
         config.depth,
         fields,
     )
     return Translated(parsed, origin)
+
+
+def _recorded(data: dict[str, Any]) -> dict[str, Any]:
+    """The config as lineage keeps it: JSON (YAML has dates), less the top-level keys mergekit
+    ignores (the warnings name each), which need not be stored."""
+    known = {key: value for key, value in data.items() if key in TOP_LEVEL}
+    return dict(json.loads(json.dumps(known, default=str)))
 
 
 def _method(name: str) -> Method:
@@ -162,6 +170,8 @@ def _source_fields(config: MergekitConfig, recipe: dict[str, Any]) -> dict[str, 
     fields = {f"models.{i}": written[s] for i, s in enumerate(recipe["models"])}
     if recipe.get("base") is not None:
         fields["base"] = config.base_field
+    if config.method == "passthrough":  # the recipe's params.slices are the config's slices
+        fields["params.slices"] = "slices"
     return fields
 
 

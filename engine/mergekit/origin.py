@@ -21,7 +21,7 @@ _SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}  # merge
 
 @dataclass(frozen=True)
 class MergekitOrigin:
-    config: dict[str, Any]  # the mergekit config as given
+    config: dict[str, Any]  # the mergekit config as given, less the top-level keys it ignores
     warnings: tuple[str, ...] = ()
     depth: tuple[str, int] | None = None  # (field, layers) of a slice read as whole models
     source_fields: dict[str, str] = field(default_factory=dict)  # recipe field -> mergekit's

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import signal
 import sys
 
 import click
@@ -96,8 +98,22 @@ def _resume_collector() -> None:
     gc.enable()
 
 
+def _stop_as_init() -> None:
+    """As PID 1 (a container started without an init, a Kubernetes pod) the kernel drops every
+    signal the process has no handler for: until Celery or uvicorn install theirs, after seconds
+    of imports, a stop would be ignored, and the container killed at the end of its grace
+    period. There, SIGTERM ends the process, as it does anywhere else."""
+    if os.getpid() == 1:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)  # what a shell reports for a process the signal ended
+
+
 def main() -> None:
     global _collector_paused
+    _stop_as_init()
     if gc.isenabled():
         gc.disable()
         _collector_paused = True

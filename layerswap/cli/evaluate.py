@@ -95,7 +95,7 @@ def _run(
 
     try:
         with engine_errors():
-            check_tasks(list(spec.tasks), tasks_dir, data)
+            check_tasks(list(spec.tasks), tasks_dir)
             outcome = run_evaluation(
                 model_dir,
                 spec,

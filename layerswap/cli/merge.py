@@ -17,6 +17,7 @@ from engine.merge import merge as run_merge
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
+from engine.user_yaml import load_yaml
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
 
 if TYPE_CHECKING:
@@ -26,16 +27,12 @@ if TYPE_CHECKING:
 def load_recipe_file(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
     """The recipe in `path`; a mergekit config translated, with what it carries beside."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError.for_field("recipe", f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:  # its str() spans several lines; the CLI promises one
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError.for_field(
-            "recipe", f"{path} is not valid YAML{where}: {problem}"
-        ) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError.for_field("recipe", f"{path} is not UTF-8 text ({e.reason})") from None
+    data = load_yaml(text, "recipe", name=str(path))  # bounded: aliases, nesting, size
     if not is_mergekit_config(data):
         return parse_recipe(data), None
     # mergekit: a model that is a directory is local, anything else a Hub repository. Local

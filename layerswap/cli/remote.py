@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 import httpx
-import yaml
 from tqdm import tqdm
 
+from engine.errors import RecipeError
+from engine.user_yaml import load_yaml
 from layerswap_client import Client, LayerswapError
 
 KINDS = {"merge": "merges", "evaluation": "evaluations", "analysis": "analyses"}
@@ -98,9 +99,7 @@ def submit(
     """Submit RECIPE (YAML or JSON: a merge recipe or mergekit config, or an evaluation /
     analysis request) to a running service; prints the job id, or with --wait the ended job
     (exit 1 unless it succeeded)."""
-    body = yaml.safe_load(recipe.read_text(encoding="utf-8"))
-    if not isinstance(body, dict):
-        raise click.BadParameter("must hold a mapping", param_hint="RECIPE")
+    body = read_body(recipe)
     if kind == "merge" and "merge_method" in body:  # a mergekit config: the service translates
         body = {"mergekit": body}
     with remote(server) as client:
@@ -111,6 +110,20 @@ def submit(
             return
         click.echo(f"{kind} {job.id} {job.status}", err=True)
         ended(follow(client, KINDS[kind], job.id, quiet=quiet))
+
+
+def read_body(recipe: Path) -> dict[str, Any]:
+    """The request in a YAML or JSON file, read within the bounds the service sets on YAML
+    (aliases, nesting, size: engine/user_yaml.py)."""
+    try:
+        body = load_yaml(recipe.read_text(encoding="utf-8"), "recipe", name=str(recipe))
+    except RecipeError as e:
+        raise click.BadParameter(e.message, param_hint="RECIPE") from None
+    except UnicodeDecodeError as e:
+        raise click.BadParameter(f"not UTF-8 text ({e.reason})", param_hint="RECIPE") from None
+    if not isinstance(body, dict):
+        raise click.BadParameter("must hold a mapping", param_hint="RECIPE")
+    return body
 
 
 @click.command()

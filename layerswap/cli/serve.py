@@ -16,6 +16,8 @@ from core.settings import Settings
 from core.webhooks.encryption import SecretKeyError, box_for, prepare
 from layerswap.app import build_app
 from layerswap.cli.common import check_merge_device, fail, load_settings
+from service.connections import ConnectionLimits, bounded_protocol, raise_open_files
+from service.tracebacks import BoundedFormatter
 
 
 @click.command()
@@ -41,30 +43,67 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
         root.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database)
     check_webhook_keys(settings)
+    check_open_files(settings)
     click.echo(
         f"layerswap: serving on http://{settings.host}:{settings.port} "
         f"(database {settings.database.split('@')[-1]}, executor {settings.executor}, "
         f"{workers} process{'es' if workers > 1 else ''})"
     )
     if workers == 1:
-        uvicorn.run(build_app(settings), host=settings.host, port=settings.port,
-                    log_level="info", log_config=serve_logging())  # fmt: skip
+        uvicorn.run(build_app(settings), **server_options(settings))
         return
     # Each process builds its own app from the environment: pass the overrides on.
     os.environ.update(LAYERSWAP_HOST=settings.host, LAYERSWAP_PORT=str(settings.port))
     uvicorn.run(
         "layerswap.app:app_from_environment", factory=True, workers=workers,
-        host=settings.host, port=settings.port, log_level="info", log_config=serve_logging(),
+        **server_options(settings),
     )  # fmt: skip
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options, the same for one process or several: connections bounded in time and
+    number (service/connections.py), and X-Forwarded-* believed only from the proxies
+    LAYERSWAP_FORWARDED_ALLOW_IPS names (uvicorn would believe them from loopback by default)."""
+    limits = ConnectionLimits(
+        settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+    )
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "info",
+        "log_config": serve_logging(),
+        "http": bounded_protocol(limits),
+        "limit_concurrency": settings.max_connections,
+        "proxy_headers": bool(settings.forwarded_allow_ips),
+        "forwarded_allow_ips": list(settings.forwarded_allow_ips),
+        # A stop waits for the requests in progress this long, not for a long poll's minute
+        # or an event stream's quarter of an hour: then they are cut, and the process exits.
+        "timeout_graceful_shutdown": settings.stop_timeout_s,
+    }
 
 
 def serve_logging() -> dict[str, Any]:
     """uvicorn's logging, with each request's access line written by a plain formatter (the
     same words, no colours): uvicorn's own copies every record to colour it, which cost a
-    tenth of the CPU of a page of merges."""
+    tenth of the CPU of a page of merges. Its other lines bound their tracebacks."""
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["formatters"]["default"]["()"] = BoundedFormatter
     config["formatters"]["access"] = {"format": "%(levelname)s:     %(message)s"}
     return config
+
+
+def check_open_files(settings: Settings) -> None:
+    """Each connection is an open file: the process's limit is raised to hold them, and a
+    limit that cannot be is said at the start, not found out under load."""
+    limit, wanted = raise_open_files(settings.max_connections)
+    if limit < wanted:
+        click.echo(
+            f"layerswap: warning: this process may open at most {limit} files; "
+            f"{settings.max_connections} connections (LAYERSWAP_MAX_CONNECTIONS) and what it "
+            f"opens beside them need {wanted}: raise the hard limit (ulimit -Hn) or lower "
+            "LAYERSWAP_MAX_CONNECTIONS",
+            err=True,
+        )
 
 
 def check_webhook_keys(settings: Settings) -> None:

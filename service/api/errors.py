@@ -26,6 +26,7 @@ from engine.errors import (
 from engine.methods import METHODS
 from engine.recipe import recipe_error_from
 from service.exposure import Exposure, exposure_for
+from service.tracebacks import bounded_traceback
 
 log = logging.getLogger("layerswap.api")
 BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's words for an undecodable body
@@ -130,12 +131,13 @@ async def _database_error(_: Request, e: DBAPIError) -> JSONResponse:
             "the database is unreachable; retry shortly",
             retry_after=5,
         )
-    log.exception("database error")
+    log.error("database error\n%s", bounded_traceback(e))
     return error_response(500, "internal_error", "unexpected error; see the service log")
 
 
 async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-    log.exception("unhandled error")
+    # Bounded: a request can make a traceback as large as it likes (service/tracebacks.py).
+    log.error("unhandled error\n%s", bounded_traceback(e))
     return error_response(500, "internal_error", "unexpected error; see the service log")
 
 

@@ -106,7 +106,9 @@ async def get_evaluation(
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
 def cancel_evaluation(job_id: str, context: ContextDep, tenant: TenantDep) -> JobView:
-    """Cooperative: a running evaluation stops between batches of requests."""
+    """Cooperative: a running evaluation stops between batches of requests. Once accepted
+    (202) it ends `canceled` with no scores; too late, 409 `conflict`: it has ended, or is past
+    its point of no return (stage `recording`: writing its scores, card and MLflow tags)."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="evaluation")
     job = jobs.request_cancel(context.db, tenant=tenant, job_id=job_id)
     return read_evaluation(context, job)

@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy import select as sql_select
 
 from core import jobs
+from core.cursors import decode_cursor, encode_cursor
 from core.db.models import Job, Sweep, as_utc
 from core.kinds import KINDS
 from service.api.deps import Context, ContextDep, TenantDep
@@ -54,7 +55,7 @@ def list_all_jobs(
 ) -> dict[str, Any]:
     """Newest first; filter by kind, status, and text in the id or the name; cursor
     pagination (keyset on created_at and id: a page costs the rows it shows)."""
-    after = jobs.decode_cursor(cursor) if cursor else None
+    after = decode_cursor(cursor) if cursor else None
     parts = []
     if kind != SWEEP:
         parts.append(_job_rows(tenant, kind, status, q, after))
@@ -70,7 +71,7 @@ def list_all_jobs(
     next_cursor = None
     if len(rows) > limit:
         del rows[limit:]
-        next_cursor = jobs.encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
+        next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
     progress = _sweep_progress(context, [row["id"] for row in rows if row["kind"] == SWEEP])
     shown = exposure_for(context.settings)
     return {

@@ -12,14 +12,13 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from core import jobs
 from core.changes import CHANGES
 from core.db.models import Artifact, Job, as_utc
-from core.errors import InvalidRequest, ServiceError
+from core.errors import InvalidRequest, RequestTooLarge, ServiceError
 from core.evaluations import check_spec, comparison
 from core.hub.credentials import token_for
 from core.hub.errors import HubError
@@ -31,6 +30,7 @@ from core.sources import resolve_source
 from engine.errors import EngineError, RecipeError
 from engine.mergekit import MergekitOrigin, translate
 from engine.recipe import HUB_REPO_PATTERN, Recipe, named_sources, parse_recipe, recipe_to_dict
+from engine.user_yaml import check_data, load_yaml
 from service.api import polling
 from service.api.deps import Context, ContextDep, TenantDep, current_tenant
 from service.api.errors import error_response
@@ -195,7 +195,7 @@ def _submit_merge(
         check_destination(context.settings, tenant, recipe.output.mlflow)  # another's: 403
     try:
         sources, local = check_sources(recipe, context, tenant)
-        check_headers(recipe, context.settings, tenant, resolved=local, mergekit=mergekit)
+        planned = check_headers(recipe, context.settings, tenant, resolved=local, mergekit=mergekit)
     except (EngineError, ServiceError) as e:
         raise (mergekit.renamed(e, prefix=MERGEKIT) if mergekit else e) from None
     request = recipe_to_dict(recipe)
@@ -213,11 +213,25 @@ def _submit_merge(
         idempotency_key,
         asked=request,
         sources=sources or None,
+        planned_bytes=planned or 0,
     )
-    job, created = jobs.submit(context.db, context.settings, new)
+    try:
+        job, created = jobs.submit(context.db, context.settings, new)
+    except RequestTooLarge as e:
+        raise (_too_large_config(e) if mergekit else e) from None
     if created:
         context.executor.dispatch(job.id, job.kind)
     return job.id, view_json(read_job(context, job))
+
+
+def _too_large_config(error: RequestTooLarge) -> RequestTooLarge:
+    """A translated request holds the config's recipe and record: too large, it names the
+    config, unless its largest part is the body's own (evaluation, webhook)."""
+    where = str(error.details.get("field"))
+    if where in ("evaluation", "webhook"):
+        return error
+    message = "mergekit" + error.message.removeprefix(where)
+    return RequestTooLarge(message, details={**error.details, "field": "mergekit"})
 
 
 MERGEKIT = "mergekit."  # a mergekit config's fields, in the request body
@@ -237,8 +251,8 @@ def _recipe_of(
         cannot be a Hub repository (check_sources then says why it is refused)."""
         if not re.match(HUB_REPO_PATTERN, ref):
             return True
-        try:
-            resolve_source(ref, context.settings, tenant)
+        try:  # a directory with a link it may not follow is local all the same (refused later)
+            resolve_source(ref, context.settings, tenant, check_links=False)
         except ServiceError:
             return False
         return True
@@ -256,17 +270,15 @@ def _recipe_of(
 
 
 def _mergekit_config(config: dict[str, object] | str) -> object:
-    if isinstance(config, dict):
-        return config
+    """The config as values, within the bounds of YAML a user gives (engine/user_yaml.py):
+    its text read by the bounded loader, a mapping held to the same rule."""
     try:
-        return yaml.safe_load(config)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InvalidRequest(
-            f"mergekit: not valid YAML{where}: {problem}", details={"field": "mergekit"}
-        ) from None
+        if isinstance(config, dict):
+            check_data(config, "mergekit")
+            return config
+        return load_yaml(config, "mergekit")
+    except RecipeError as e:
+        raise InvalidRequest(e.message, details=e.details) from None
 
 
 def _in_body(error: RecipeError) -> RecipeError:
@@ -385,7 +397,10 @@ def shows_only_its_rows(job: Job) -> bool:
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobRead)
 def cancel_merge(job_id: str, context: ContextDep, tenant: TenantDep) -> JobView:
-    """Cooperative: a running merge stops between tensors and leaves no output."""
+    """Cooperative: a running merge stops between tensors and leaves no output. Once accepted
+    (202, `canceled` or `canceling`) the merge ends `canceled`, with no output, artifact,
+    lineage, Hub commit or MLflow version. Too late, 409 `conflict`: the merge has ended, or is
+    past its point of no return (stage `committing` or `registering`) and will finish."""
     jobs.get(context.db, tenant=tenant, job_id=job_id, kind="merge")
     return read_job(context, jobs.request_cancel(context.db, tenant=tenant, job_id=job_id))
 

@@ -5,12 +5,15 @@ attacker's that resolves to 127.0.0.1, so the Host header is the attacker's name
 cross-site request (the Host is ours, the Origin is not). So the Host must be a trusted name,
 any Origin must name a trusted host, and a body must be JSON (a form post, which a page may send
 without asking, is not). Bodies are limited before anything reads them: by the declared
-Content-Length, and for a chunked body by counting as it arrives.
+Content-Length, and for a chunked body by counting as it arrives. A query string or JSON body
+that no store could hold, or nested deeper than a parser should follow (service/api/inputs.py),
+is a 422 naming the field before any handler sees it; a path with a NUL names nothing (404).
 """
 
 from __future__ import annotations
 
 import re
+from typing import NoReturn
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -18,12 +21,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.settings import Settings
 from service.api.errors import error_response
+from service.api.inputs import body_refusal, query_refusal
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# On every answer, unless it sets its own (the console, /docs and /redoc set a policy fit for a
+# page): never sniffed into another type (a JSON answer read as HTML), framed by another site,
+# or named in a Referer; a JSON answer opened as a page loads and runs nothing.
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'"),
+)
 
 
-class BodyTooLarge(Exception):
-    """Raised from `receive` to stop whoever is reading a body past the limit."""
+class BodyRefused(Exception):
+    """Raised from `receive` to stop whoever is reading a refused body."""
 
 
 # `name[:port]` or `[v6]:port`, as a Host header or an Origin's authority is written; anything
@@ -45,19 +58,87 @@ def origin_host(origin: str) -> str | None:
     return host_of(authority) if separator and scheme.isalpha() else None
 
 
+def too_large(max_bytes: int) -> JSONResponse:
+    return error_response(
+        413,
+        "request_too_large",
+        f"the request body exceeds {max_bytes} bytes",
+        {"field": "body", "limit": max_bytes},
+    )
+
+
+def bad_target(scope: Scope) -> JSONResponse | None:
+    """A path holding a NUL names nothing (no id holds one): 404 before any handler could send
+    it to the database. A query parameter holding what no store can: 422 naming it."""
+    if "\x00" in scope["path"]:
+        message = "no such resource: its path holds a NUL character"
+        return error_response(404, "not_found", message, {"field": "path", "in": "path"})
+    found = query_refusal(scope["query_string"])
+    return None if found is None else error_response(422, "invalid_request", *found)
+
+
+class BodyCheck:
+    """A request's body as it arrives: counted against the size limit as it streams in, and
+    a JSON one (max_depth given) checked once whole. `refusal` is the answer once refused."""
+
+    def __init__(self, max_bytes: int, max_depth: int | None) -> None:
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+        self.size = 0
+        self.chunks: list[bytes] = []
+        self.refusal: JSONResponse | None = None
+
+    def add(self, chunk: bytes, *, more: bool) -> None:
+        """Raises BodyRefused past the limit, or at the end of a JSON body that is refused."""
+        self.size += len(chunk)
+        if self.size > self.max_bytes:
+            self.refuse(too_large(self.max_bytes))
+        if self.max_depth is None:
+            return
+        self.chunks.append(chunk)
+        if not more:
+            found = body_refusal(b"".join(self.chunks), self.max_depth)
+            self.chunks.clear()
+            if found is not None:
+                self.refuse(error_response(422, "invalid_request", *found))
+
+    def refuse(self, answer: JSONResponse) -> NoReturn:
+        self.refusal = answer
+        raise BodyRefused
+
+
+def with_security_headers(send: Send) -> Send:
+    """`send`, adding to the answer's start whichever SECURITY_HEADERS it does not set."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            present = {name.lower() for name, _ in headers}
+            headers += [header for header in SECURITY_HEADERS if header[0] not in present]
+            message["headers"] = headers
+        await send(message)
+
+    return sending
+
+
 class RequestGuard:
-    """Pure ASGI (no BaseHTTPMiddleware): it must see the body as a stream, never buffered."""
+    """Pure ASGI (no BaseHTTPMiddleware): it must see the body as a stream, as the app reads
+    it, never buffered ahead of the app."""
 
     def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
         self.app = app
         self.hosts = settings.allowed_hosts
         self.max_bytes = settings.max_request_bytes
+        self.max_depth = settings.max_json_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
+        send = with_security_headers(send)
         refusal = self.refusal(scope, Headers(scope=scope))
+        if refusal is None:
+            refusal = bad_target(scope)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -86,7 +167,7 @@ class RequestGuard:
             )
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return self.too_large()
+            return too_large(self.max_bytes)
         if scope["method"] not in BODY_METHODS:
             return None
         has_body = "transfer-encoding" in headers or (declared.isdigit() and int(declared) > 0)
@@ -101,42 +182,30 @@ class RequestGuard:
             )
         return None
 
-    def too_large(self) -> JSONResponse:
-        return error_response(
-            413,
-            "request_too_large",
-            f"the request body exceeds {self.max_bytes} bytes",
-            {"field": "body", "limit": self.max_bytes},
-        )
-
     async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the app, counting the body as it streams in; past the limit, the reader is
-        stopped and whatever the app makes of that is replaced by a 413."""
-        received = 0
-        exceeded = False
+        """Run the app, checking the body as it streams in (BodyCheck); once it is refused,
+        the reader is stopped and whatever the app makes of that is replaced by the refusal."""
+        json_depth = self.max_depth if scope["method"] in BODY_METHODS else None
+        body = BodyCheck(self.max_bytes, json_depth)
         started = False
 
-        async def counting_receive() -> Message:
-            nonlocal received, exceeded
+        async def checked_receive() -> Message:
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    exceeded = True
-                    raise BodyTooLarge
+                body.add(message.get("body", b""), more=message.get("more_body", False))
             return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
-            if exceeded:  # the app's answer to a body it could not finish reading
+            if body.refusal is not None:  # the app's answer to a body it could not finish
                 return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, guarded_send)
-        except Exception:  # boundary: past the limit, whatever the app raised becomes the 413
-            if not exceeded:  # BodyTooLarge or what the app made of it; anything else is not ours
+            await self.app(scope, checked_receive, guarded_send)
+        except Exception:  # boundary: once refused, whatever the app raised becomes the refusal
+            if body.refusal is None:  # BodyRefused or what the app made of it; else not ours
                 raise
-        if exceeded and not started:
-            await self.too_large()(scope, receive, send)
+        if body.refusal is not None and not started:
+            await body.refusal(scope, receive, send)

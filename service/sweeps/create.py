@@ -1,9 +1,9 @@
-"""Creating a sweep: every check a worker would make, made first (sources, depth, recipes,
-tasks, budget), then the sweep and its first jobs in one transaction."""
+"""Creating a sweep: every check a worker would make, made first and cheapest first (sources,
+depth, what the sweep expands to against its bounds, tasks, recipes), then the sweep and its
+first jobs in one transaction."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,10 @@ from core.hub.refs import is_hub_source, parse_hub_source
 from core.kinds import MERGE_EXTRAS
 from core.settings import Settings
 from core.sources import resolve_source
+from core.stored_requests import check_stored_size
 from engine.architectures import configured_layer_count
-from engine.errors import EngineError
+from engine.checkpoint import read_json
+from engine.errors import CheckpointError, EngineError
 from engine.recipe import parse_recipe
 from service.preflight import check_headers
 from service.sweeps.expand import (
@@ -61,11 +63,11 @@ def create_sweep(
         with db.session() as session:
             if (found := _by_key(session, tenant, idempotency_key, digest)) is not None:
                 return Created(found, False, [])
-    check_spec(spec.evaluation, settings)
     _check_publish_credential(spec, settings, tenant)
     spec, pins = _pinned(spec, settings, tenant)
     layers = _num_layers(spec, settings, tenant, pins)
-    first = _first_trials(spec, layers)
+    first = _first_trials(spec, layers)  # a grid past its bounds is refused here, counted
+    check_spec(spec.evaluation, settings)
     _check_recipes(first, spec, settings, tenant)
     sweep = Sweep(
         id=jobs.new_id(),
@@ -76,6 +78,7 @@ def create_sweep(
         idempotency_key=idempotency_key,
         num_layers=layers,
     )
+    check_stored_size(sweep.request, settings)
     return _insert(db, settings, sweep, spec, first)
 
 
@@ -285,10 +288,10 @@ def _num_layers(spec: SweepCreate, settings: Settings, tenant: str, pins: dict[s
     else:
         path = resolve_source(first, settings, tenant, field="task_experts.0")
         config_file = Path(path) / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:  # bounded: size, nesting (a Hub repository's config.json is anyone's)
+        config = read_json(config_file)
         layers = configured_layer_count(config) if isinstance(config, dict) else None
-    except (OSError, ValueError):
+    except CheckpointError:
         layers = None
     if layers is None:
         raise InvalidRequest(

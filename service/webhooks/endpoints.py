@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, func, or_, select, update
 
 from core import jobs
+from core.cursors import decode_cursor, encode_cursor
 from core.db.models import (
     Tenant,
     WebhookDelivery,
@@ -175,14 +176,14 @@ def list_endpoints(
         WebhookEndpoint.tenant_id == tenant, WebhookEndpoint.deleted_at.is_(None)
     )
     if cursor:
-        after, last_id = jobs.decode_cursor(cursor)
+        after, last_id = decode_cursor(cursor)
         query = query.where(or_(created > after, and_(created == after, id_ > last_id)))
     with db.session() as session:
         found = list(session.scalars(query.order_by(created, id_).limit(limit + 1)))
         session.expunge_all()
     page = found[:limit]
     more = len(found) > limit
-    return page, jobs.encode_cursor(page[-1].created_at, page[-1].id) if more else None
+    return page, encode_cursor(page[-1].created_at, page[-1].id) if more else None
 
 
 def delete_endpoint(db: Database, tenant: str, endpoint_id: str) -> None:
@@ -265,14 +266,14 @@ def list_deliveries(
         query = query.where(WebhookDelivery.status == status)
     created, id_ = WebhookDelivery.created_at, WebhookDelivery.id
     if cursor:
-        before, last_id = jobs.decode_cursor(cursor)
+        before, last_id = decode_cursor(cursor)
         query = query.where(or_(created < before, and_(created == before, id_ < last_id)))
     query = query.order_by(created.desc(), id_.desc()).limit(limit + 1)
     with db.session() as session:
         found = session.execute(query).all()
         page = [delivery_view(d, e) for d, e in found[:limit]]
     last = found[limit - 1][0] if len(found) > limit else None
-    return page, jobs.encode_cursor(last.created_at, last.id) if last is not None else None
+    return page, encode_cursor(last.created_at, last.id) if last is not None else None
 
 
 def replay(db: Database, tenant: str, delivery_id: str) -> dict[str, Any]:

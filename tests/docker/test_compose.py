@@ -2,7 +2,8 @@
 the stand-in images of deploy/compose.test.yml, driven from the host through the published port
 with the Python client, as the README's "Deploy with Docker Compose" section does. The steps run
 in order and build on each other: examples and keys first, then merges, an evaluation and a
-sweep, a worker killed mid-merge, PostgreSQL and Redis restarted, `down` and `up`, `down -v`.
+sweep, a worker killed mid-merge and one stopped mid-merge, PostgreSQL and Redis restarted,
+containers stopped during their start-up, `down` and `up`, `down -v`.
 
 Selected with `-m docker`; skipped where no Docker engine answers (scripts/docker.sh)."""
 
@@ -275,6 +276,58 @@ def test_a_worker_killed_mid_merge_is_replaced_and_the_job_succeeds_once(
     assert not [name for name in outputs if name.startswith(".")], outputs  # no staging left
 
 
+def container_state(container: str) -> dict[str, Any]:
+    return dict(json.loads(docker("inspect", container))[0]["State"])
+
+
+def test_a_worker_stopped_mid_merge_hands_its_job_back_and_exits(
+    deployment: Compose, state: dict[str, Any]
+) -> None:
+    """`docker stop -t 20`: SIGTERM, then SIGKILL (exit status 137) if the container is still
+    running 20 s later. The worker stops the merge at once, hands its job back to the queue and
+    exits by itself; restarted, it runs the job again, to the killed merge's same weights."""
+    key = state["team-a"]
+    recipe = {
+        "method": "layer_swap",
+        "experts": {"task": ["/data/checkpoints/large/task"],
+                    "language": ["/data/checkpoints/large/language"]},
+        "params": SWAP,
+        "output": {"name": "stopped"},
+    }  # fmt: skip
+    container = deployment.container("worker-cpu")  # looked up first: the merge takes seconds
+    with client(deployment, key) as api:
+        job = api.merges.create(recipe)
+
+    def early_in_the_merge_or_ended() -> str | None:
+        row = job_row(deployment, key, job.id)
+        if row["status"] in ("succeeded", "failed", "canceled"):
+            return str(row["status"])
+        progress = row["progress"]
+        early = row["stage"] == "merging" and progress["done"] < progress["total"] / 2
+        return "merging" if early else None
+
+    seen = wait_for(early_in_the_merge_or_ended, "the merge", timeout=STEP_TIMEOUT, every=0.05)
+    assert seen == "merging", f"the merge ended ({seen}) before it could be stopped"
+    docker("stop", "-t", "20", container)
+    stopped = container_state(container)
+    assert (stopped["Status"], stopped["ExitCode"]) == ("exited", 0), stopped
+    row = job_row(deployment, key, job.id)
+    assert (row["status"], row["attempts"]) == ("queued", 1), row
+    outputs = deployment.exec("api", "ls", "-A", "/data/artifacts/team-a").split()
+    assert "stopped" not in outputs and not [n for n in outputs if n.startswith(".")], outputs
+
+    deployment.run("start", "worker-cpu")
+    with client(deployment, key) as api:
+        done = api.merges.wait(job.id, timeout=STEP_TIMEOUT)
+    assert done.status == "succeeded" and done.attempts == 2, (done.status, done.error)
+    assert done.output is not None and state["killed"].output is not None
+
+    def weights(files: list[dict[str, Any]]) -> dict[str, str]:
+        return {f["name"]: f["sha256"] for f in files if f["name"].endswith(".safetensors")}
+
+    assert weights(done.output.files) == weights(state["killed"].output.files)
+
+
 def small_swap(name: str) -> dict[str, Any]:
     return {
         "method": "layer_swap",
@@ -354,6 +407,22 @@ def test_tenant_b_cannot_see_tenant_a(deployment: Compose, state: dict[str, Any]
     for path in (f"/v1/merges/{theirs.id}", f"/v1/artifacts/{theirs.output.artifact_id}"):
         response = httpx.get(f"{deployment.api_url}{path}", headers=headers)
         assert response.status_code == 404, (path, response.text)
+
+
+def test_every_container_stops_within_seconds_during_its_start_up(deployment: Compose) -> None:
+    """`docker stop -t 20` right after `up`, while each Python process still imports (for
+    seconds, before Celery or uvicorn install their signal handlers): each container exits on
+    the SIGTERM (an init as PID 1 passes it on), none on the SIGKILL 20 s later (status 137)."""
+    services = ("api", "worker-cpu", "flower")
+    deployment.run("up", "-d", "--no-deps", "--force-recreate", *services)
+    containers = {service: deployment.container(service) for service in services}
+    docker("stop", "-t", "20", *containers.values())
+    for service, container in containers.items():
+        stopped = container_state(container)
+        assert stopped["Status"] == "exited" and stopped["ExitCode"] != 137, (service, stopped)
+    assert " ready." not in deployment.logs("worker-cpu"), "stopped during its start-up"
+    deployment.run("up", "-d")
+    deployment.wait_ready()
 
 
 def test_down_and_up_keep_jobs_artifacts_scores_and_webhooks(

@@ -60,7 +60,7 @@ def test_a_multiple_choice_accuracy_is_what_the_log_likelihoods_say(
     tiny_model: Model, choice_task: ChoiceTask, tmp_path: Path
 ) -> None:
     """A log-likelihood task from LAYERSWAP_EVAL_TASKS_DIR, next to a generation task."""
-    check_tasks([CHOICE_TASK, TASK], choice_task.tasks_dir, tiny_model.data_dir)
+    check_tasks([CHOICE_TASK, TASK], choice_task.tasks_dir)
     outcome = evaluate(
         tiny_model.path, spec(tasks=[CHOICE_TASK, TASK]), tasks_dir=choice_task.tasks_dir,
         data_dir=tiny_model.data_dir, cache_prefix=tmp_path / "c",
@@ -111,9 +111,7 @@ def test_cancel_and_timeout_stop_between_batches(tiny_model: Model, tmp_path: Pa
 
 def test_unknown_tasks_and_missing_data_are_clear_errors(tiny_model: Model, tmp_path: Path) -> None:
     with pytest.raises(UnknownTask) as unknown:
-        check_tasks(
-            [TASK, "mgsm_nonexistent_xx"], None, tiny_model.data_dir, field="evaluation.tasks"
-        )
+        check_tasks([TASK, "mgsm_nonexistent_xx"], None, field="evaluation.tasks")
     assert unknown.value.details == {"field": "evaluation.tasks.1", "task": "mgsm_nonexistent_xx"}
     with pytest.raises(EvaluationFailed) as missing:
         evaluate(tiny_model.path, spec(), tasks_dir=None, data_dir=tmp_path / "empty")

@@ -51,13 +51,15 @@ def live_service(
 
 
 @contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    """Yields the base URL (`http://127.0.0.1:<port>`); stops the server on exit."""
+def serving(app: FastAPI, **options: Any) -> Iterator[str]:
+    """Yields the base URL (`http://127.0.0.1:<port>`); stops the server on exit. `options`:
+    more of uvicorn's (e.g. `layerswap serve`'s log_config)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    defaults: dict[str, Any] = {"log_level": "warning", "timeout_graceful_shutdown": 5}
+    config = uvicorn.Config(app, **{**defaults, **options})
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -13,7 +13,7 @@ from core.db.models import utcnow
 from core.db.session import Database
 from core.jobs import ensure_tenant
 from core.lineage import get_or_create_artifact
-from core.quota import QuotaExceeded, check_room, space_reserver
+from core.quota import QuotaExceeded, check_room, record_bytes, space_reserver
 from core.settings import Settings
 from tests.service.conftest import Service, layer_swap, running_service
 from tests.service.test_api_lifecycle import HeldExecutor, soup
@@ -136,19 +136,36 @@ def one_output(tmp_path: Path, url: str, examples: Path) -> dict[str, Any]:
         return dict(first.client.get(f"/v1/artifacts/{output['artifact_id']}").json())
 
 
+def records_of(url: str) -> int:
+    """Bytes the database holds for the tenant's jobs (they count against its quota too)."""
+    db = Database(url)
+    try:
+        with db.session() as session:
+            return record_bytes(session, TENANT)
+    finally:
+        db.dispose()
+
+
 def test_a_tenant_at_its_quota_frees_space_to_submit_again(
     tmp_path: Path, database_url: str, examples: Path
 ) -> None:
     first = one_output(tmp_path, database_url, examples)
-    size = first["size_bytes"]
-    with running_service(tmp_path, database_url, examples, tenant_quota_bytes=size) as svc:
+    size, records = first["size_bytes"], records_of(database_url)
+    quota = size + records
+    with running_service(
+        tmp_path, database_url, examples, tenant_quota_bytes=quota, quota_records_refresh_s=0
+    ) as svc:
         for path, body in [("/v1/merges", layer_swap()), ("/v1/analyses", ANALYSIS)]:
             error = error_of(svc.client.post(path, json=body), 409)
             assert error["code"] == "quota_exceeded"
-            assert error["details"] == {"usage_bytes": size, "quota_bytes": size}
+            assert {k: v for k, v in error["details"].items() if k != "planned_bytes"} == {
+                "usage_bytes": quota, "artifact_bytes": size, "record_bytes": records,
+                "quota_bytes": quota,
+            }  # fmt: skip
 
         assert svc.client.delete(f"/v1/artifacts/{first['id']}").status_code == 204
-        again = merged(svc, {**layer_swap(), "output": {"name": "first"}})  # fits exactly
+        # fits: its planned output (less its card and manifest) and its record within `size`
+        again = merged(svc, {**layer_swap(), "output": {"name": "first"}})
         assert Path(again["location"]).is_dir()
         full = error_of(svc.client.post("/v1/merges", json=layer_swap()), 409)
         assert full["code"] == "quota_exceeded"
@@ -157,13 +174,18 @@ def test_a_tenant_at_its_quota_frees_space_to_submit_again(
 def test_a_merge_that_would_pass_the_quota_is_refused_before_writing(
     tmp_path: Path, database_url: str, examples: Path
 ) -> None:
+    """Accepted while it fit (the submit checks the planned output too), the job is checked
+    again before it writes, against what is stored by then."""
     first = one_output(tmp_path, database_url, examples)
     quota = first["size_bytes"] * 3 // 2  # room for half an output more
-    with running_service(tmp_path, database_url, examples, tenant_quota_bytes=quota) as svc:
-        job = svc.wait(svc.submit({**layer_swap(), "output": {"name": "second"}})["id"])
+    with running_service(tmp_path, database_url, examples, job_executor=HeldExecutor()) as svc:
+        queued = svc.submit({**layer_swap(), "output": {"name": "second"}})
+        limited = svc.settings.model_copy(update={"tenant_quota_bytes": quota})
+        run_job(queued["id"], db=svc.db, settings=limited)
+        job = svc.client.get(f"/v1/merges/{queued['id']}").json()
         assert job["status"] == "failed"
         assert job["error"]["code"] == "quota_exceeded", job["error"]
-        assert job["error"]["details"]["usage_bytes"] == first["size_bytes"]
+        assert job["error"]["details"]["artifact_bytes"] == first["size_bytes"]
         assert not (svc.settings.artifacts_dir / "default" / "second").exists()
 
 
@@ -186,7 +208,8 @@ def test_the_quota_check_counts_the_tenants_live_stored_artifacts(
             if name == "gone":
                 artifact.deleted_at = utcnow()
 
-    assert space_reserver(db, settings, TENANT) is None  # no quota: no check
+    unlimited = settings.model_copy(update={"tenant_quota_bytes": 0})
+    assert space_reserver(db, unlimited, TENANT) is None  # 0: unlimited, no check
     limited = settings.model_copy(update={"tenant_quota_bytes": 1000})
     reserve = space_reserver(db, limited, TENANT)
     assert reserve is not None
@@ -194,7 +217,10 @@ def test_the_quota_check_counts_the_tenants_live_stored_artifacts(
     with pytest.raises(QuotaExceeded) as refused:
         reserve(401)
     assert refused.value.code == "quota_exceeded" and refused.value.status == 409
-    assert refused.value.details == {"usage_bytes": 600, "planned_bytes": 401, "quota_bytes": 1000}
+    assert refused.value.details == {
+        "usage_bytes": 600, "artifact_bytes": 600, "record_bytes": 0, "planned_bytes": 401,
+        "quota_bytes": 1000,
+    }  # fmt: skip
     other = space_reserver(db, limited, "other")
     assert other is not None
     with pytest.raises(QuotaExceeded):

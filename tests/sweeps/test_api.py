@@ -286,7 +286,7 @@ def test_a_grid_of_millions_is_refused_before_it_is_built(service: Service) -> N
     took minutes and gigabytes), and refused naming the count and the budget."""
     one_pair = {"task_experts": ["math"], "language_experts": ["swh"], "baselines": [],
                 "configurations": None}  # fmt: skip
-    # The evaluation and source checks on the way are paid once, unmeasured.
+    # The source and depth checks on the way are paid once, unmeasured.
     small = sweep_body(**one_pair, grid={"bottom": list(range(6)), "top": [0, 1]}, budget=5)
     assert service.client.post("/v1/sweeps", json=small).status_code == 422
     body = sweep_body(**one_pair, grid=BOMB)
