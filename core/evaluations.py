@@ -51,9 +51,11 @@ class EvaluationCreate(BaseModel):
 
 
 def check_spec(spec: EvaluationSpec, settings: Settings, *, field: str = "evaluation") -> None:
-    """What a worker would refuse, refused now (422/501 naming the field): lm-eval missing,
-    a backend no worker offers, an unknown task."""
-    require_lm_eval()
+    """What a worker would refuse, refused now (422/501 naming the field): lm-eval missing
+    where this process runs the evaluations (the local executor; celery workers have it, the
+    API's image does not), a backend no worker offers, an unknown task."""
+    if settings.executor == "local":
+        require_lm_eval()
     check_backend(spec.backend, list(settings.eval_backends))
     check_tasks(list(spec.tasks), settings.eval_tasks_dir, field=f"{field}.tasks")
 

@@ -91,7 +91,7 @@ def names_in(directory: Path) -> frozenset[str]:
 
 @functools.cache
 def lm_eval_names() -> frozenset[str]:
-    """The names of lm-eval's own tasks, groups and tags (lm-eval must be installed)."""
+    """The names of lm-eval's own tasks, groups and tags, of the installed release."""
     installed = version("lm_eval")
     listed = listed_names(NAMES_FILE, installed)
     if listed is not None:
@@ -101,6 +101,13 @@ def lm_eval_names() -> frozenset[str]:
         "(`python -m core.evaluation.task_names` lists them)", NAMES_FILE.name, installed,
     )  # fmt: skip
     return names_in(lm_eval_tasks_dir())
+
+
+@functools.cache
+def shipped_names() -> frozenset[str]:
+    """The names `lm_eval_tasks.txt.gz` lists: those of the release the `eval` extra pins, what
+    the workers run where this process has no lm-eval (an API whose workers evaluate)."""
+    return frozenset(gzip.decompress(NAMES_FILE.read_bytes()).decode().splitlines()[1:])
 
 
 def listed_names(path: Path, release: str) -> frozenset[str] | None:

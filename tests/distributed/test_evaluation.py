@@ -6,6 +6,7 @@ first attempt's request cache."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -77,9 +78,18 @@ def score(job: dict[str, Any], task: str, metric: str) -> float:
 
 
 def test_an_evaluation_runs_on_the_eval_queue(
-    cluster: Cluster, eval_model: tuple[Model, ChoiceTask]
+    cluster: Cluster, eval_model: tuple[Model, ChoiceTask], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The API as its image has it, without lm-eval (None in sys.modules: not importable):
+    it checks task names all the same, and the worker, which has lm-eval, evaluates."""
     model, choice = eval_model
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    unknown = cluster.service.client.post(
+        "/v1/evaluations",
+        json={"source": str(model.path), "evaluation": {"tasks": ["no_such_task_xx"]}},
+    )
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["error"]["details"]["field"] == "evaluation.tasks.0"
     job = submit(cluster, model, [CHOICE_TASK, TASK])
     raw = wait_for(lambda: cluster.redis.client().lrange("eval", 0, -1), "the message in Redis")
     assert len(raw) == 1 and json.loads(raw[0])["headers"]["task"] == "layerswap.run_job"
