@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,22 +144,44 @@ def measure(code: Path | None, timeout: float, limit: int) -> Outcome:
         server, base_url = start(Path(tmp), code)
         try:
             warm_up(base_url)
-            idle = proc_kib(server.pid, "VmRSS")
-            cap = proc_kib(server.pid, "VmSize") + limit
-            resource.prlimit(server.pid, resource.RLIMIT_AS, (cap, cap))
             answer: dict[str, object] = {"status": "killed", "message": ""}
-            client = threading.Thread(target=post, args=(base_url, answer), daemon=True)
-            started = time.monotonic()
-            client.start()
-            peak, killed = watch(server, client, started, timeout, limit)
-            seconds = time.monotonic() - started
-            peak = max(peak, proc_kib(server.pid, "VmHWM"))
+            sent = send_watched(server, lambda: post(base_url, answer), timeout, limit)
         finally:
             server.kill()
             server.wait()
     name = str(code) if code else "this checkout"
     status, message = str(answer["status"]), str(answer["message"])
-    return Outcome(name, status, seconds, killed, idle, peak, message)
+    return Outcome(name, status, sent.seconds, sent.killed, sent.idle_rss, sent.peak_rss, message)
+
+
+@dataclass
+class Sent:
+    seconds: float  # to the answer, or to the kill
+    killed: bool
+    idle_rss: int  # before the request
+    peak_rss: int
+
+
+def send_watched(
+    server: subprocess.Popen[bytes],
+    send: Callable[[], None],
+    timeout: float,
+    limit: int,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> Sent:
+    """Cap the server's address space at its size now plus `limit`, `send` one request from a
+    thread, run `meanwhile` (another request while that one is in), and watch the server until
+    the answer comes (killed past `timeout` or `limit`)."""
+    idle = proc_kib(server.pid, "VmRSS")
+    cap = proc_kib(server.pid, "VmSize") + limit
+    resource.prlimit(server.pid, resource.RLIMIT_AS, (cap, cap))
+    client = threading.Thread(target=send, daemon=True)
+    started = time.monotonic()
+    client.start()
+    meanwhile()
+    peak, killed = watch(server, client, started, timeout, limit)
+    seconds = time.monotonic() - started
+    return Sent(seconds, killed, idle, max(peak, proc_kib(server.pid, "VmHWM")))
 
 
 def watch(

@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sqlite3
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # as bench/api_load.py does
-from bench.sweep_bomb import GIB, proc_kib, start, watch
+from bench.sweep_bomb import GIB, send_watched, start
 
 MODELS = """\
 models:
@@ -105,24 +102,16 @@ def measure(code: Path | None, levels: int, timeout: float, limit: int) -> Outco
         server, base_url = start(Path(tmp), code)
         try:
             warm_up(base_url)
-            idle = proc_kib(server.pid, "VmRSS")
-            cap = proc_kib(server.pid, "VmSize") + limit
-            resource.prlimit(server.pid, resource.RLIMIT_AS, (cap, cap))
             answer = {"status": "killed", "message": "", "health": "not asked"}
-            client = threading.Thread(target=post, args=(base_url, bomb(levels), answer))
-            started = time.monotonic()
-            client.start()
-            health(base_url, answer)
-            peak, killed = watch(server, client, started, timeout, limit)
-            seconds = time.monotonic() - started
-            peak = max(peak, proc_kib(server.pid, "VmHWM"))
+            sent = send_watched(server, lambda: post(base_url, bomb(levels), answer), timeout,
+                                limit, meanwhile=lambda: health(base_url, answer))  # fmt: skip
         finally:
             server.kill()
             server.wait()
         rows = stored(Path(tmp))
     name = str(code) if code else "this checkout"
-    return Outcome(name, answer["status"], seconds, killed, answer["health"], rows, idle, peak,
-                   answer["message"])  # fmt: skip
+    return Outcome(name, answer["status"], sent.seconds, sent.killed, answer["health"], rows,
+                   sent.idle_rss, sent.peak_rss, answer["message"])  # fmt: skip
 
 
 def row(outcome: Outcome) -> str:
