@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from collections import deque
@@ -22,6 +21,7 @@ from core.jobs import CANCELING, QUEUED, RUNNING, is_id, new_id, output_dir
 from core.kinds import kind_of
 from core.settings import Settings
 from core.sources import resolve_source
+from engine.digests import content_digest
 
 log = logging.getLogger("layerswap.lineage")
 
@@ -32,12 +32,6 @@ class NotDeletable(ServiceError):
 
     code = "artifact_not_deletable"
     status = 409
-
-
-def content_digest(files: dict[str, str]) -> str:
-    """One digest over a checkpoint's file sha256s: same files, same identity."""
-    lines = "".join(f"{name}\0{sha}\n" for name, sha in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def get_or_create_artifact(

@@ -219,6 +219,7 @@ class AngleKernels:
     @functools.cached_property
     def columns(self) -> Kernels:
         """Columns are measured in torch (kernels.py): nuslerp_row_wise, the rare choice."""
+        # torch (kernels.py): seconds to import; only column-wise angles need it
         from engine.kernels import Kernels
 
         return Kernels(
@@ -240,6 +241,7 @@ class AngleKernels:
     def _measured_rows(self, tensor: TensorPlan, rows: int, length: int) -> Iterator[memoryview]:
         """Rows of up to a chunk, a chunk of whole rows at a time, each read once: their angles
         by angles.py's torch operations on the rows (mergekit's reductions), the rest here."""
+        # torch (and angles.py, built on it): seconds to import; only nuslerp's sines need it
         import torch
 
         from engine.angles import RULES
@@ -343,6 +345,7 @@ def _table_from_moments(tensor: TensorPlan, terms: Terms, moments: Array) -> Tab
     nuslerp's sines by angles.py's torch operations."""
     if isinstance(terms, ModelStockTerms):
         return None, terms.table_from_moments(moments)
+    # torch (and angles.py, built on it): seconds to import; only nuslerp's sines need it
     import torch
 
     from engine.angles import RULES

@@ -40,6 +40,13 @@ def file_sha256(
         )
 
 
+def content_digest(files: dict[str, str]) -> str:
+    """One digest over a checkpoint's file sha256s (name -> sha256): same files, same
+    identity (an artifact's, in the service's lineage)."""
+    lines = "".join(f"{name}\0{sha}\n" for name, sha in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def _digest(
     real: Path, stat: os.stat_result, cache_dir: Path | None, compute: Callable[[], str]
 ) -> str:

@@ -39,7 +39,7 @@ def _skip_blas_probe() -> None:
 
     linalg.ensure_blas = no_blas
     try:
-        from numba.np import arraymath
+        from numba.np import arraymath  # numba: loaded here, its BLAS probe stubbed out
     finally:
         linalg.ensure_blas = probe
     arraymath.ensure_blas = probe  # type: ignore[attr-defined]

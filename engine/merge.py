@@ -206,6 +206,7 @@ def resolve_device(name: str) -> str:
     if name == "cpu":
         return name
     if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        # torch: seconds to import; only a CUDA device needs it
         import torch
 
         if not torch.cuda.is_available():

@@ -9,15 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from engine.architectures import LayerStack, Refusal
 from engine.checkpoint import Checkpoint
+from engine.file_access import Opener, open_file
 from engine.safetensors_format import DTYPE_SIZES
-
-if TYPE_CHECKING:  # vocabulary.py builds on this module's types
-    from engine.vocabulary import VocabularyPlan
 
 # weighted_sum / weighted_mean: mergekit's linear (fused multiply-adds, then ÷ Σ coefficients
 # for the mean); slerp: terms (models[0], 1 − t), (models[1], t), its angle found per tensor;
@@ -132,6 +133,37 @@ class LayerRow:
     terms: str
 
 
+# AlignedVocabulary.fill: an input index (that input's row), or one of these
+MEAN = -1  # the mean of the rows of the inputs that have the token
+EVERY = -2  # every input has the token: nothing to fill
+
+
+class AlignedVocabulary(Protocol):
+    """What a plan, its readers and its writer use of the inputs' aligned vocabularies
+    (tokenizer_source): vocabulary.VocabularyPlan. Declared here, where the plan holds one, so
+    that the plan does not depend on the module that plans the vocabulary."""
+
+    tensors: frozenset[str]  # the embedding and head tensors, indexed by token id
+    rows: list[array[int]]  # per input, per output token: the input's row, or -1
+    fill: array[int]  # per output token: where inputs lacking it read it (MEAN, EVERY, input)
+
+    @property
+    def tokenizer_changed(self) -> bool: ...
+
+    def reads(self, sources: set[int]) -> set[int]: ...
+
+    def describe(self, labels: Sequence[str]) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def write_tokenizer(self, source: Path, out: Path, opener: Opener = open_file) -> list[str]: ...
+
+    def read_into(
+        self, checkpoints: Sequence[Checkpoint], source: int, name: str, buffer: memoryview,
+        first_byte: int,
+    ) -> None: ...  # fmt: skip
+
+
 @dataclass
 class Plan:
     method: str
@@ -149,7 +181,7 @@ class Plan:
     # config.json keys (dotted paths) the output changes: a passthrough's layer count.
     config_changes: dict[str, Any] = field(default_factory=dict)
     # Set when the inputs' vocabularies are aligned (recipe field tokenizer_source).
-    vocabulary: VocabularyPlan | None = field(default=None, repr=False, compare=False)
+    vocabulary: AlignedVocabulary | None = field(default=None, repr=False, compare=False)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
 
     @property

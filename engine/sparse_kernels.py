@@ -82,6 +82,26 @@ def _l1_bins(model: Array, base: Array, mask: Array, bins: Array, lo: int, hi: i
         _count(bins[1, lane], abs(np.float32(delta * np.float32(mask[j]))))
 
 
+@numba.njit(inline="always", cache=True)
+def _agreeing(
+    weighted: Array, weights: Array, total: Array, mixed: Array, agreeing: Array, width: int
+) -> None:
+    """mixed[:width] = the sum of the weighted deltas whose sign is the total's (zero counts as
+    +, NaN as −), agreeing[:width] = the sum of their weights (one where none agrees)."""
+    zero, one = np.float32(0.0), np.float32(1.0)
+    for q in range(width):
+        mixed[q], agreeing[q] = zero, zero
+    for i in range(weighted.shape[0]):
+        d, c = weighted[i], weights[i]
+        for q in range(width):
+            up = total[q] >= zero
+            agree = one if (d[q] > zero if up else d[q] < zero) else zero
+            mixed[q] = np.float32(mixed[q] + np.float32(d[q] * agree))
+            agreeing[q] = np.float32(agreeing[q] + np.float32(c * agree))
+    for q in range(width):
+        agreeing[q] = one if agreeing[q] == zero else agreeing[q]
+
+
 @_jit
 def _combine(
     base: Array, terms: Array, masks: Array, thinned: Array, scales: Array, weights: Array,
@@ -113,18 +133,8 @@ def _combine(
                 for q in range(width):
                     d[q] = np.float32(np.float32(as_float32(row[q]) - b[q]) * c)
                     total[q] = np.float32(total[q] + d[q])
-        if consensus:  # the terms whose sign is the total's (zero counts as +, NaN as −)
-            for q in range(width):
-                mixed[q], agreeing[q] = zero, zero
-            for i in range(count):
-                d, c = weighted[i], weights[i]
-                for q in range(width):
-                    up = total[q] >= zero
-                    agree = one if (d[q] > zero if up else d[q] < zero) else zero
-                    mixed[q] = np.float32(mixed[q] + np.float32(d[q] * agree))
-                    agreeing[q] = np.float32(agreeing[q] + np.float32(c * agree))
-            for q in range(width):
-                agreeing[q] = one if agreeing[q] == zero else agreeing[q]
+        if consensus:
+            _agreeing(weighted, weights, total, mixed, agreeing, width)
         else:
             for q in range(width):
                 mixed[q], agreeing[q] = total[q], divisor

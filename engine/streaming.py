@@ -207,16 +207,19 @@ def _kernels(
     first computed tensor: its BLAS thread pool starts with it, so a process that plans, copies
     or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
     process before any of its threads exists."""
+    # numba and numpy: loaded by the first computed tensor, as said above
     from engine import linear_kernels
 
     if linear_kernels.handles(plan, device):
         return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
+    # numba: compiled kernels, loaded only for the plans they handle
     from engine import ties_kernels
 
     if ties_kernels.handles(plan, device):
         return ties_kernels.TiesKernels(
             plan, chunk_elements=chunk_elements, check_cancel=check_cancel
         )
+    # numba: compiled kernels, loaded only for the plans they handle
     from engine import sparse_kernels
 
     if sparse_kernels.handles(plan, device):
@@ -224,12 +227,14 @@ def _kernels(
             plan, chunk_elements=chunk_elements, check_cancel=check_cancel
         )
     if any(t.op in ANGLE_OPS for t in plan.tensors):
+        # numba (torch for nuslerp's sines): only for the angle methods
         from engine import angle_kernels
 
         if angle_kernels.handles(plan, device):
             return angle_kernels.AngleKernels(
                 plan, chunk_elements=chunk_elements, check_cancel=check_cancel
             )
+    # torch: seconds to import; only for what no compiled kernel handles
     from engine.kernels import Kernels
 
     return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)

@@ -198,6 +198,7 @@ def _merge_uses(merge: Any, gone: set[str]) -> bool:
 def _check_numbering(text: str, tokens: list[str], source: Path) -> None:
     """Load the written tokenizer as transformers will (tokenizers: imported only when a merged
     tokenizer is written) and hold its numbering to the output's embedding rows."""
+    # tokenizers: heavy; loaded only when a merged tokenizer is written
     from tokenizers import Tokenizer
 
     try:

@@ -30,7 +30,7 @@ from engine.architectures import LayerStack, vocabulary_modules
 from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
 from engine.file_access import Opener, open_file
-from engine.plan import InputRef, Op, TensorPlan
+from engine.plan import EVERY, MEAN, InputRef, Op, TensorPlan
 from engine.recipe_parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
 from engine.tokenizer_json import (
     TokenizerVocabulary,
@@ -41,9 +41,6 @@ from engine.tokenizer_json import (
 
 FIELD = "tokenizer_source"
 UNION, BASE, MODEL_PREFIX = TOKENIZER_UNION, TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX
-# fill[t]: an input index (its row), or one of these
-MEAN = -1  # the mean of the rows of the inputs that have the token
-EVERY = -2  # every input has the token: nothing to fill
 AVERAGED_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})  # what vocabulary_rows averages
 
 

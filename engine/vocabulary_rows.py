@@ -20,8 +20,8 @@ import numpy.typing as npt
 
 from engine.checkpoint import Checkpoint
 from engine.linear_kernels import narrow
+from engine.plan import MEAN, AlignedVocabulary
 from engine.tensor_io import row_length
-from engine.vocabulary import MEAN, VocabularyPlan
 
 Ints = npt.NDArray[np.int64]
 Block = npt.NDArray[np.uint8]  # rows × row bytes
@@ -29,7 +29,7 @@ _NUMPY = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 
 
 def read_aligned(
-    vocabulary: VocabularyPlan, checkpoints: Sequence[Checkpoint], source: int, name: str,
+    vocabulary: AlignedVocabulary, checkpoints: Sequence[Checkpoint], source: int, name: str,
     buffer: memoryview, first_byte: int,
 ) -> None:  # fmt: skip
     """Fill `buffer` with input `source`'s tensor `name` as the output vocabulary orders its
@@ -49,7 +49,7 @@ def read_aligned(
 
 
 def _fill_rows(
-    vocabulary: VocabularyPlan, checkpoints: Sequence[Checkpoint], source: int, name: str,
+    vocabulary: AlignedVocabulary, checkpoints: Sequence[Checkpoint], source: int, name: str,
     block: Block, first_row: int,
 ) -> None:  # fmt: skip
     """Rows first_row.. of input `source`'s aligned tensor into `block`."""
@@ -69,7 +69,7 @@ def _fill_rows(
         block[averaged] = _mean_rows(vocabulary, checkpoints, name, tokens[averaged])
 
 
-def _rows_of(vocabulary: VocabularyPlan, source: int, tokens: Ints) -> Ints:
+def _rows_of(vocabulary: AlignedVocabulary, source: int, tokens: Ints) -> Ints:
     rows: Ints = np.frombuffer(vocabulary.rows[source], np.int64)[tokens]
     return rows
 
@@ -88,7 +88,7 @@ def _read_rows(checkpoint: Checkpoint, name: str, rows: Ints, block: Block, at: 
 
 
 def _mean_rows(
-    vocabulary: VocabularyPlan, checkpoints: Sequence[Checkpoint], name: str, tokens: Ints
+    vocabulary: AlignedVocabulary, checkpoints: Sequence[Checkpoint], name: str, tokens: Ints
 ) -> Block:
     """The mean of the rows of the inputs that have each token, as mergekit computes it in the
     checkpoints' dtype: from zero, adding in input order, then dividing by the count, every

@@ -15,8 +15,10 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
-echo "== import-linter (pyproject.toml: the direction of dependency)"
+echo "== import-linter (pyproject.toml: the direction of dependency, no cycles)"
 .venv/bin/lint-imports
+echo "== code shape (scripts/check_code.py: function lengths, deferred imports)"
+.venv/bin/python scripts/check_code.py
 echo "== docs"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 echo "== mergekit 0.1.5 for the parity tests (bench/setup.sh: idempotent)"

@@ -31,11 +31,11 @@ from core.hub.credentials import token_for
 from core.hub.fetch import fetch_model
 from core.hub.refs import is_hub_source
 from core.integrations.mlflow_registry import add_scores
-from core.lineage import content_digest, get_or_create_artifact
+from core.lineage import get_or_create_artifact
 from core.settings import Settings
 from core.sources import file_guard, resolve_source
 from engine.architectures import configured_layer_count
-from engine.digests import file_sha256
+from engine.digests import content_digest, file_sha256
 from engine.errors import EngineError
 from engine.methods.layer_swap import LayerSwapRecipe
 from worker.inputs import fetch_hub_inputs, local_resolver

@@ -78,6 +78,7 @@ def _tokenizer_json() -> str:
 
 def make_tokenizer(out_dir: Path) -> None:
     """Save a tiny real BPE tokenizer (vocab <= 256; <unk> <s> </s> <pad> = ids 0..3)."""
+    # tokenizers and transformers: heavy; loaded only when examples are made
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -145,6 +146,7 @@ def _perturb(
 @contextmanager
 def _quiet_progress() -> Iterator[None]:
     """Silence transformers' "Writing model shards" bar for the duration only."""
+    # transformers: heavy; loaded only when examples are made
     from transformers.utils import logging
 
     enabled = logging.is_progress_bar_enabled()
@@ -212,6 +214,7 @@ def _save(model: Any, out_dir: Path, shard_size: str | None) -> None:
 def _random_model(config: Any, *, dtype: torch.dtype, seed: int) -> Any:
     """A model of `config` initialised under `torch.manual_seed(seed)`; the global RNG is left
     as it was."""
+    # transformers: heavy; loaded only when examples are made
     from transformers import AutoModelForCausalLM
 
     with torch.random.fork_rng(devices=[]):
@@ -229,6 +232,7 @@ def _simulated_fine_tune(
 ) -> Any:
     """The model at `base`, cast to `dtype`, with seeded noise added (make_checkpoint says how
     much)."""
+    # transformers: heavy; loaded only when examples are made
     from transformers import AutoModelForCausalLM
 
     with _quiet_progress():

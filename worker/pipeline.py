@@ -31,12 +31,13 @@ from core.hub.publish import publish
 from core.hub.refs import is_hub_source
 from core.integrations import mlflow_registry, openlineage
 from core.kinds import merge_recipe
-from core.lineage import InputLink, content_digest, get_or_create_artifact, link, stored_size
+from core.lineage import InputLink, get_or_create_artifact, link, stored_size
 from core.quota import space_reserver
 from core.settings import Settings
 from core.sources import file_guard
 from core.webhooks.outbox import artifact_published
 from engine.architectures import configured_layer_count
+from engine.digests import content_digest
 from engine.errors import (
     DiskFull,
     EngineError,

@@ -16,9 +16,8 @@ from core.db.session import Database
 from core.hub.credentials import token_for
 from core.hub.publish import publish_card
 from core.kinds import merge_recipe
-from core.lineage import content_digest
 from core.settings import Settings
-from engine.digests import file_sha256
+from engine.digests import content_digest, file_sha256
 
 CARD, MANIFEST = "README.md", "layerswap.json"
 FIELDS = (

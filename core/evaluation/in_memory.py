@@ -126,6 +126,7 @@ def _input_files(
 
 def _load_model(config_dir: Path, state: dict[str, torch.Tensor]) -> Any:
     """The model of `config_dir` built around `state` (no weight initialisation), eval mode."""
+    # transformers: heavy; loaded only when a model is evaluated in memory
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 

@@ -96,6 +96,7 @@ def _simple_evaluate(
 ) -> Any:  # fmt: skip
     """lm-eval's results for `spec`; a stop (cancel, time limit) and lm-eval's own failures
     raised as our errors."""
+    # lm_eval: seconds to import; loaded only when an evaluation runs
     from lm_eval import evaluator
 
     from core.evaluation.stepped_lm import Stop  # imports lm_eval, like the line above
@@ -144,6 +145,7 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 def _prebuilt(assembled: Any, spec: EvaluationSpec, device: str) -> Any:
     """lm-eval's HF model around a model built in memory; the same dtype and device as
     `HFLM(pretrained=<its directory>)` would load it with."""
+    # torch and lm_eval: seconds to import; loaded only when an evaluation runs
     import torch
     from lm_eval.models.huggingface import HFLM
 
@@ -161,9 +163,11 @@ def _backend(model_dir: Path | None, spec: EvaluationSpec, device: str) -> Any:
     if spec.backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise EvaluationUnavailable("the vllm backend needs vllm installed on this worker")
+        # vllm (through lm_eval): optional; only for its backend
         from lm_eval.models.vllm_causallms import VLLM
 
         return VLLM(pretrained=str(model_dir), dtype=spec.dtype, seed=spec.seed)
+    # lm_eval and torch: seconds to import; loaded only when an evaluation runs
     from lm_eval.models.huggingface import HFLM
 
     try:

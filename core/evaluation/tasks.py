@@ -53,6 +53,7 @@ def full_manager(tasks_dir: Path | None, data_dir: Path) -> Any:
     """lm-eval's own tasks as well (ours take precedence): seconds to build, so only when a
     task is not one of ours, and once per process."""
     require_lm_eval()
+    # lm_eval: seconds to import; loaded only for its own tasks
     from lm_eval.tasks import TaskManager
 
     meta = {"layerswap_data_dir": str(data_dir)}

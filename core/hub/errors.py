@@ -87,6 +87,7 @@ def hub_errors(what: str) -> Iterator[None]:
     """Translate the client's exceptions raised inside into HubErrors about `what` (a repo, a
     file). The client's messages can be long and name URLs; ours are short and never hold a
     token (the client never puts one in a message)."""
+    # huggingface_hub (timeouts.py too): loaded by the first Hub call, not by importers
     from huggingface_hub import errors as hf
 
     from core.hub.timeouts import HubStalled, install

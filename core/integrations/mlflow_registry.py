@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 from core.errors import ServiceError
 from core.integrations.bounded import Bounded, CallAbandoned
-from core.lineage import content_digest
 from core.settings import Settings
+from engine.digests import content_digest
 
 log = logging.getLogger("layerswap.mlflow")
 T = TypeVar("T")
@@ -102,6 +102,7 @@ def _bounded(
 def _retrying(what: str, step: Callable[[], T]) -> T:
     """MLflow's client retries its own HTTP calls; this retries the whole step (a lookup, then a
     create) a few times more, and turns a final failure into the job's error."""
+    # mlflow: heavy and optional; loaded only when a registry is used
     from mlflow.exceptions import MlflowException
 
     for attempt in range(1, TRIES + 1):
@@ -137,6 +138,7 @@ def check_destination(settings: Settings, tenant: str, destination: Any) -> None
     """At submit: refuse a registered model that is not the tenant's (MlflowModelForbidden).
     A registry that does not answer within SUBMIT_CHECK_S lets the job through: registering
     checks again, and the same refusal then fails the job."""
+    # mlflow: heavy and optional; loaded only when a registry is used
     from mlflow.exceptions import MlflowException
 
     check_configured(settings)
@@ -167,6 +169,7 @@ def _claim(client: Any, name: str, tenant: str) -> None:
     """The registered model `name`, created now owned by `tenant`, or found owned by it. The
     owner tag is given with the creation, so of two tenants racing for a new name one gets it
     and the other is refused."""
+    # mlflow: heavy and optional; loaded only when a registry is used
     from mlflow.exceptions import MlflowException
 
     try:

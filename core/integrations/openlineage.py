@@ -169,6 +169,7 @@ def _event(
     db: Database, settings: Settings, job_id: str, event_type: str | None
 ) -> tuple[str, Any] | None:
     """(state, RunEvent) for the job as it now is; None once re-queued (the run goes on)."""
+    # openlineage: optional; loaded only when lineage events are sent
     from openlineage.client.event_v2 import Job as OLJob
     from openlineage.client.event_v2 import Run, RunEvent, RunState
 
@@ -215,6 +216,7 @@ def _load(db: Database, job_id: str) -> tuple[Job, list[Any]] | None:
 
 
 def _run_facets(job: Job, state: str) -> dict[str, Any]:
+    # openlineage: optional; loaded only when lineage events are sent
     from openlineage.client.facet_v2 import error_message_run
 
     if state != "FAIL" or not job.error:
@@ -228,6 +230,7 @@ def _run_facets(job: Job, state: str) -> dict[str, Any]:
 
 
 def _job_facets(job: Job) -> dict[str, Any]:
+    # openlineage: optional; loaded only when lineage events are sent
     from openlineage.client.facet_v2 import job_type_job
 
     return {
@@ -277,6 +280,7 @@ def _split(location: str) -> tuple[str, str, str | None]:
 
 
 def _named(source: str) -> Any:
+    # openlineage: optional; loaded only when lineage events are sent
     from openlineage.client.event_v2 import InputDataset
     from openlineage.client.facet_v2 import dataset_version_dataset
 
@@ -290,6 +294,7 @@ def _named(source: str) -> Any:
 
 
 def _dataset(artifact: Artifact, *, output: bool) -> Any:
+    # openlineage: optional; loaded only when lineage events are sent
     from openlineage.client.event_v2 import InputDataset, OutputDataset
     from openlineage.client.facet_v2 import dataset_version_dataset
 

@@ -6,13 +6,10 @@ each source and of tokenizer_source (so an error names the field the user wrote)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from engine.errors import RecipeError
-from engine.vocabulary import MEAN
-
-if TYPE_CHECKING:
-    from engine.plan import Plan
+from engine.plan import MEAN, Plan
 
 # An engine or service error: a message and details naming the field.
 E = TypeVar("E", bound=Exception)

@@ -133,25 +133,16 @@ def plan_sparsify(
     settings = [s for s, _ in weights] + [s for a in amounts.values() for s, _ in a]
     num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
 
-    def value(setting: Setting, field: str, name: str, at: float) -> float:
-        found = resolve(setting, name=name, at=at)
-        if found is None:
-            raise RecipeError.for_field(field, f"no filter matches {name}")
-        return found
-
-    def values(pairs: Sequence[tuple[Setting, str]], name: str, at: float) -> tuple[float, ...]:
-        return tuple(value(setting, field, name, at) for setting, field in pairs)
-
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        resolved = values(weights, name, position(layer, num_layers))
+        resolved = _values(weights, name, position(layer, num_layers))
         return "sparsify", tuple(map(Term, models, resolved)), recipe.method
 
     def thinning(name: str, layer: int | None) -> Thinning:
         at = position(layer, num_layers)
-        found = {a: values(pairs, name, at) for a, pairs in amounts.items()}
+        found = {a: _values(pairs, name, at) for a, pairs in amounts.items()}
         made = Thinning(
             densities=found["density"],
-            lambda_=value(q.lambda_, "params.lambda", name, at),
+            lambda_=_value(q.lambda_, "params.lambda", name, at),
             gammas=found.get("gamma", ()),
             epsilons=found.get("epsilon", ()),
         )
@@ -159,23 +150,41 @@ def plan_sparsify(
         return made
 
     seed = q.random_seed()
-    numeric = [float(s) for s, _ in weights if isinstance(s, float | int)]
-    # "models" promises one float per input (the lineage records them), as ties' does
-    resolved: dict[str, Any] = (
-        {"models": numeric}
-        if len(numeric) == count
-        else {"weights": [s if isinstance(s, float | int) else "varies" for s, _ in weights]}
-    )
-    if seed is not None:
-        resolved["seed"] = seed
     return MethodPlan(
         rule=rule,
         config_input=models[0],
         tokenizer_input=models[0],
         sparsify=SparsifySettings(base, dropping, consensus, q.normalize, q.rescale, seed),
         thinning=thinning,
-        resolved_weights=resolved,
+        resolved_weights=_resolved_weights(weights, seed),
     )
+
+
+def _value(setting: Setting, field: str, name: str, at: float) -> float:
+    """`setting`'s value for tensor `name` at depth `at`; a RecipeError naming `field` when no
+    filter matches it."""
+    found = resolve(setting, name=name, at=at)
+    if found is None:
+        raise RecipeError.for_field(field, f"no filter matches {name}")
+    return found
+
+
+def _values(pairs: Sequence[tuple[Setting, str]], name: str, at: float) -> tuple[float, ...]:
+    return tuple(_value(setting, field, name, at) for setting, field in pairs)
+
+
+def _resolved_weights(weights: Sequence[tuple[Setting, str]], seed: int | None) -> dict[str, Any]:
+    """What the lineage records of the weights (and the seed of the random drops)."""
+    numeric = [float(s) for s, _ in weights if isinstance(s, float | int)]
+    # "models" promises one float per input (the lineage records them), as ties' does
+    resolved: dict[str, Any] = (
+        {"models": numeric}
+        if len(numeric) == len(weights)
+        else {"weights": [s if isinstance(s, float | int) else "varies" for s, _ in weights]}
+    )
+    if seed is not None:
+        resolved["seed"] = seed
+    return resolved
 
 
 def sparsify_method(

@@ -154,6 +154,7 @@ def _report(result: MergeResult) -> None:
 
 
 def _publish(result: MergeResult, dest: HubDestination) -> None:
+    # The Hub client: loaded only when a merge publishes
     from core.hub.publish import publish
 
     published = publish(

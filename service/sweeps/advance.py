@@ -328,6 +328,7 @@ def suggest(
 
 def _told_study(distribution: dict[str, Any], told: dict[str, float | None], *, seed: int) -> Any:
     """A TPE study told each configuration's mean score (a failed trial where it has none)."""
+    # optuna: heavy; loaded only when a sweep asks for configurations
     import optuna
     from optuna.trial import TrialState, create_trial
 
@@ -356,6 +357,7 @@ def _ask(
 ) -> list[str]:
     """Up to `count` of `untried` as the study suggests them (one it repeats is told failed
     and asked again); filled up in order when it keeps repeating itself."""
+    # optuna: heavy; loaded only when a sweep asks for configurations
     from optuna.trial import TrialState
 
     chosen: list[str] = []

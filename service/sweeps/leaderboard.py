@@ -270,6 +270,7 @@ def to_png(board: dict[str, Any], pairs: list[Any]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib's pyplot: once the Agg backend is chosen
     import matplotlib.pyplot as plt
 
     configs = [row["config"] for row in board["rows"]]
