@@ -26,4 +26,5 @@ bash "$ROOT/bench/setup.sh"
 echo "== pytest"
 # The console tests save a screenshot of each page here (a test artifact CI can keep).
 export CONSOLE_SCREENSHOTS="${CONSOLE_SCREENSHOTS:-$ROOT/build/screenshots}"
-.venv/bin/python -m pytest "$@"
+# The slowest tests are listed at the end: where the suite's time goes.
+.venv/bin/python -m pytest --durations=30 "$@"
