@@ -3,7 +3,7 @@ linear kernel's arithmetic.
 
 - sha256 of 256 MB, hashed as the writer once did (8 MB blocks, long after they were filled)
   and as it does now (each 512 KB slice right after it is copied in, still in the core's cache);
-- the compiled linear kernel (`engine.linear_kernels._combine`, one thread, inputs in cache) on
+- the compiled linear kernel (`engine.kernels.linear._combine`, one thread, inputs in cache) on
   standard-normal values (random bits would be 1 in 256 subnormals, which cost microcode assists
   on Intel CPUs and no checkpoint holds) for the cases a merge meets.
 
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout whose kernel to time")
     args = parser.parse_args()
     sys.path.insert(0, str(args.root))
-    from engine import linear_kernels
+    from engine.kernels import linear as linear_kernels
 
     commit = subprocess.run(
         ["git", "-C", str(args.root), "rev-parse", "--short", "HEAD"],

@@ -837,7 +837,7 @@ def fill_sha256_cache(cache: Path, models: tuple[Path, ...]) -> None:
     rows are warm-cache figures (the cold-cache row is the other), and without warm-up runs
     the first of them would otherwise hash 10 GB of inputs."""
     sys.path.insert(0, str(ROOT))
-    from engine.digests import file_sha256
+    from engine.io.digests import file_sha256
 
     for model in models:
         for path in sorted(p for p in model.iterdir() if p.is_file()):

@@ -1,5 +1,5 @@
 """The output writer's two ways of writing a file, timed on copies of one input file in the
-page cache: O_DIRECT (engine/writer.py's default) and through the page cache (its
+page cache: O_DIRECT (engine/io/writer.py's default) and through the page cache (its
 fallback where a file system refuses O_DIRECT). Each run writes the whole file as one copy,
 hashes it and fdatasyncs it, as a layer swap does its copied tensors; both must give the
 input's sha256.
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # as bench/cuda.py does
-from engine.digests import file_sha256
-from engine.writer import OutputWriter
+from engine.io.digests import file_sha256
+from engine.io.writer import OutputWriter
 
 
 def write_copy(source: int, size: int, directory: Path, *, direct: bool) -> str:

@@ -21,7 +21,7 @@ from core.jobs import CANCELING, QUEUED, RUNNING, is_id, new_id, output_dir
 from core.kinds import kind_of
 from core.settings import Settings
 from core.sources import resolve_source
-from engine.digests import content_digest
+from engine.io.digests import content_digest
 
 log = logging.getLogger("layerswap.lineage")
 

@@ -157,7 +157,8 @@ class Settings(BaseSettings):
         "finish (long polls and event streams would hold it for minutes) before it cuts them "
         "and exits; keep it under the grace period of whatever stops it (Docker's: 10 s)",
     )
-    # Storage: what one tenant may make the service store (core/quota.py, engine/output_size.py).
+    # Storage: what one tenant may make the service store (core/quota.py,
+    # engine/plan/output_size.py).
     tenant_quota_bytes: int = Field(
         100 * 1024**3,
         ge=0,

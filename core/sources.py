@@ -15,7 +15,7 @@ from pathlib import Path
 
 from core.errors import SourceNotAllowed, SourceNotFound
 from core.settings import Settings
-from engine.file_access import FileGuard
+from engine.io.file_access import FileGuard
 
 # Says where sources may lie without naming the server's directories (service/exposure.py).
 OUTSIDE = (

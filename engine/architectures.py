@@ -47,7 +47,7 @@ class Family:
     # not part of the language stack, so merged like non-layer tensors.
     extra_layers_key: str = ""
     # Modules whose rows are indexed by token id (input embeddings, output heads): aligned
-    # row by row when the inputs' vocabularies differ (vocabulary.py).
+    # row by row when the inputs' vocabularies differ (alignment.py).
     vocabulary: tuple[str, ...] = ("embed_tokens", "lm_head")
 
 

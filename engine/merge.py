@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
-from engine.digests import file_sha256
 from engine.errors import (
     DeviceError,
     DiskFull,
@@ -29,12 +27,14 @@ from engine.errors import (
     OutputTooLarge,
     is_disk_full,
 )
-from engine.file_access import FileGuard, Opener, copy_file
+from engine.io.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from engine.io.digests import file_sha256
+from engine.io.file_access import FileGuard, Opener, copy_file
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.mergekit import MergekitOrigin
 from engine.model_card import render_card
-from engine.output_size import check_output_ratio
-from engine.plan import Plan
+from engine.plan.model import Plan
+from engine.plan.output_size import check_output_ratio
 from engine.planner import DEFAULT_CHUNK_ELEMENTS, Resolver, make_plan
 from engine.progress import CancelCheck, ProgressCallback
 from engine.recipe import Recipe, recipe_to_dict
@@ -66,7 +66,7 @@ class MergeOptions:
     # warnings added to the plan's, the config recorded in the manifest.
     mergekit: MergekitOrigin | None = None
     # Confines the files read from the inputs (the service's allowed source directories);
-    # None: every file as named, symlinks followed (engine/file_access.py).
+    # None: every file as named, symlinks followed (engine/io/file_access.py).
     file_guard: FileGuard | None = None
     # The most times the inputs' size the output may be (OutputTooLarge); None: no bound.
     max_output_ratio: float | None = None

@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from engine.architectures import LayerStack
-from engine.checkpoint import Checkpoint
 from engine.errors import EngineError, RecipeError
-from engine.file_access import FileGuard
+from engine.io.checkpoint import Checkpoint
+from engine.io.file_access import FileGuard
+from engine.io.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
-from engine.plan import InputRef, Op, Plan, Shard, TensorPlan, Term
+from engine.plan.compatibility import check_compatible
+from engine.plan.model import InputRef, Op, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
 from engine.recipe import Recipe, named_sources
-from engine.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
-from engine.validate import check_compatible
-from engine.vocabulary import VocabularyPlan, plan_vocabulary
+from engine.vocabulary.alignment import VocabularyPlan, plan_vocabulary
 
 Resolver = Callable[[str], Path]
 # Elements per chunk of arithmetic: large enough to amortise Python, small enough that the
@@ -47,7 +47,7 @@ def make_plan(
     `should_cancel` is asked while planning reads weights (magnitude weights). `headers_only`
     skips those reads (magnitude weights come out equal): every check, none of the cost, for
     validating a request before it is accepted. `guard` confines the files read from the
-    inputs (engine/file_access.py)."""
+    inputs (engine/io/file_access.py)."""
     refs = input_refs(recipe, resolve)
     checkpoints: list[Checkpoint] = []
     try:

@@ -15,7 +15,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from engine.errors import RecipeError
 from engine.methods import METHODS
-from engine.recipe_parts import (
+from engine.schema.parts import (
     HUB_REPO_PATTERN,
     Credential,
     HubDestination,

@@ -2,10 +2,10 @@
 
 Copies are handed over first, as file ranges (never decoded, no memory held), so the writer
 can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
-in file order, and wait (a bounded amount) for the writer to reach their offsets (writer.py).
+in file order, and wait (a bounded amount) for the writer to reach their offsets (io/writer.py).
 Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
-every core (linear_kernels.py, ties_kernels.py, sparse_kernels.py), nuslerp and model_stock in
-numba and torch (angle_kernels.py: torch loads beside the first tensors); torch, a second to
+every core (linear.py, ties.py, sparse.py), nuslerp and model_stock in
+numba and torch (angle.py: torch loads beside the first tensors); torch, a second to
 import, is loaded only for the rest (CUDA, float64, slerp), while the copies are written. A plan
 that only copies (a frankenmerge) loads no kernels at all.
 Cancellation is checked between tensors and chunks; progress is reported by a thread that
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import MergeCanceled
-from engine.plan import ANGLE_OPS, Plan, TensorPlan
+from engine.io.safetensors_format import DTYPE_SIZES, encode_header
+from engine.io.writer import OutputWriter
+from engine.plan.model import ANGLE_OPS, Plan, TensorPlan
 from engine.progress import CancelCheck, Progress, ProgressCallback
-from engine.safetensors_format import DTYPE_SIZES, encode_header
-from engine.writer import OutputWriter
 
 READ_AHEAD = 64 * 1024 * 1024
 
@@ -208,19 +208,19 @@ def _kernels(
     or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
     process before any of its threads exists."""
     # numba and numpy: loaded by the first computed tensor, as said above
-    from engine import linear_kernels
+    from engine.kernels import linear as linear_kernels
 
     if linear_kernels.handles(plan, device):
         return linear_kernels.LinearKernels(plan, chunk_elements=chunk_elements)
     # numba: compiled kernels, loaded only for the plans they handle
-    from engine import ties_kernels
+    from engine.kernels import ties as ties_kernels
 
     if ties_kernels.handles(plan, device):
         return ties_kernels.TiesKernels(
             plan, chunk_elements=chunk_elements, check_cancel=check_cancel
         )
     # numba: compiled kernels, loaded only for the plans they handle
-    from engine import sparse_kernels
+    from engine.kernels import sparse as sparse_kernels
 
     if sparse_kernels.handles(plan, device):
         return sparse_kernels.SparseKernels(
@@ -228,14 +228,14 @@ def _kernels(
         )
     if any(t.op in ANGLE_OPS for t in plan.tensors):
         # numba (torch for nuslerp's sines): only for the angle methods
-        from engine import angle_kernels
+        from engine.kernels import angle as angle_kernels
 
         if angle_kernels.handles(plan, device):
             return angle_kernels.AngleKernels(
                 plan, chunk_elements=chunk_elements, check_cancel=check_cancel
             )
     # torch: seconds to import; only for what no compiled kernel handles
-    from engine.kernels import Kernels
+    from engine.kernels.torch_kernels import Kernels
 
     return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
 

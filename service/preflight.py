@@ -26,7 +26,7 @@ from core.settings import Settings
 from core.sources import file_guard, resolve_source
 from engine.merge import planned_output_bytes
 from engine.mergekit import MergekitOrigin
-from engine.output_size import check_output_ratio
+from engine.plan.output_size import check_output_ratio
 from engine.planner import make_plan
 from engine.recipe import Recipe, named_sources, recipe_to_dict
 

@@ -13,7 +13,7 @@ from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
 from engine.methods import METHODS
-from engine.recipe_parts import Credential, OutputOptions, RecipeBase
+from engine.schema.parts import Credential, OutputOptions, RecipeBase
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 

@@ -15,8 +15,8 @@ from core.db.session import Database
 from core.lineage import analyses_root, get_or_create_artifact, stored_size
 from core.settings import Settings
 from core.sources import file_guard, resolve_source
-from engine.analysis_files import write_analysis
-from engine.digests import file_sha256
+from engine.analysis.files import write_analysis
+from engine.io.digests import file_sha256
 from worker.lease import JobLease, settle, write_with_retry
 
 
@@ -30,7 +30,7 @@ class Analysis:
 def run_analysis(job: Job, settings: Settings) -> Analysis:
     # torch: loaded by the first analysis, not by every process that can run jobs (the API's
     # in-process executor among them)
-    from engine.analysis import analyze
+    from engine.analysis.deltas import analyze
 
     request = job.request
     tenant = job.tenant_id

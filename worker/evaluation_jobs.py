@@ -35,8 +35,8 @@ from core.lineage import get_or_create_artifact
 from core.settings import Settings
 from core.sources import file_guard, resolve_source
 from engine.architectures import configured_layer_count
-from engine.digests import content_digest, file_sha256
 from engine.errors import EngineError
+from engine.io.digests import content_digest, file_sha256
 from engine.methods.layer_swap import LayerSwapRecipe
 from worker.inputs import fetch_hub_inputs, local_resolver
 from worker.lease import JobLease, settle_succeeded, write_with_retry

@@ -20,7 +20,7 @@ from core.db.models import Artifact, Job
 from core.kinds import merge_recipe
 from core.output_manifest import output_owner, read_manifest
 from core.sources import resolve_source
-from engine.digests import file_sha256
+from engine.io.digests import file_sha256
 from engine.merge import MANIFEST, MergeResult
 from engine.planner import make_plan
 from engine.recipe import recipe_to_dict

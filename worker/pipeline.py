@@ -37,7 +37,6 @@ from core.settings import Settings
 from core.sources import file_guard
 from core.webhooks.outbox import artifact_published
 from engine.architectures import configured_layer_count
-from engine.digests import content_digest
 from engine.errors import (
     DiskFull,
     EngineError,
@@ -45,6 +44,7 @@ from engine.errors import (
     OutputError,
     is_disk_full,
 )
+from engine.io.digests import content_digest
 from engine.merge import MergeOptions, merge
 from engine.mergekit import MergekitOrigin
 from worker.analysis_jobs import run_analysis_job

@@ -17,7 +17,7 @@ from core.hub.credentials import token_for
 from core.hub.publish import publish_card
 from core.kinds import merge_recipe
 from core.settings import Settings
-from engine.digests import content_digest, file_sha256
+from engine.io.digests import content_digest, file_sha256
 
 CARD, MANIFEST = "README.md", "layerswap.json"
 FIELDS = (

@@ -23,15 +23,15 @@ from typing import Any
 import torch
 
 from core.evaluation.errors import EvaluationFailed
-from engine.checkpoint import Checkpoint
-from engine.digests import file_sha256
 from engine.errors import MergeCanceled
-from engine.file_access import FileGuard
-from engine.kernels import Kernels
+from engine.io.checkpoint import Checkpoint
+from engine.io.digests import file_sha256
+from engine.io.file_access import FileGuard
+from engine.kernels.tensor_io import read_elements
+from engine.kernels.torch_kernels import Kernels
 from engine.methods.layer_swap import LayerSwapRecipe
-from engine.plan import Plan
+from engine.plan.model import Plan
 from engine.planner import make_plan
-from engine.tensor_io import read_elements
 
 MAX_HELD = 4  # checkpoints kept loaded: a pair and its base, plus one
 _held: OrderedDict[tuple[Any, ...], dict[str, torch.Tensor]] = OrderedDict()
@@ -56,7 +56,7 @@ def assemble(
     hash_cache: Path | None = None,
     known_digests: dict[Path, str] | None = None,  # Hub LFS files: their sha256 is known
     should_cancel: Callable[[], bool] | None = None,
-    guard: FileGuard | None = None,  # confines the files read (engine/file_access.py)
+    guard: FileGuard | None = None,  # confines the files read (engine/io/file_access.py)
 ) -> Assembled:
     # transformers: heavy; loaded by in-memory evaluations only
     from transformers import AutoTokenizer

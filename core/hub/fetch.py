@@ -51,8 +51,8 @@ from tqdm.auto import tqdm
 from core.hub.errors import HubError, HubFileMissing, hub_errors, retrying
 from core.hub.pin import PinnedRepo, pin
 from core.hub.refs import hub_sources, is_hub_source, parse_hub_source
-from engine.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from engine.errors import CheckpointError, DiskFull, MergeCanceled, is_disk_full
+from engine.io.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.planner import Resolver, make_plan
 from engine.recipe import Recipe

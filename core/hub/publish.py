@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from huggingface_hub import CommitOperationAdd, HfApi, constants
 
 from core.hub.errors import HubError, hub_errors, retrying
-from engine.digests import file_sha256
+from engine.io.digests import file_sha256
 from engine.recipe import HubDestination
 
 T = TypeVar("T")

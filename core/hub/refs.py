@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.recipe import Recipe, named_sources
-from engine.recipe_parts import TOKENIZER_MODEL_PREFIX
+from engine.schema.parts import TOKENIZER_MODEL_PREFIX
 
 SCHEME = "hf://"
 _REPO = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from core.errors import ServiceError
 from core.integrations.bounded import Bounded, CallAbandoned
 from core.settings import Settings
-from engine.digests import content_digest
+from engine.io.digests import content_digest
 
 log = logging.getLogger("layerswap.mlflow")
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.errors import RecipeError
-from engine.plan import MEAN, Plan
+from engine.plan.model import MEAN, Plan
 
 # An engine or service error: a message and details naming the field.
 E = TypeVar("E", bound=Exception)

@@ -4,9 +4,9 @@ mergekit looks a parameter up from the most specific place to the least: the mod
 `parameters`, then its slice's, then the config's. At each place the value is a number, a
 gradient (a list of numbers) or `{filter, value}` conditions; a place whose conditions match
 none of a tensor's name defers to the next place, and the parameter's default comes last.
-Layerswap's settings (engine/gradients.py) are one list of conditions, the first match winning,
-so the places are chained into one list in that order, and the result means the same per tensor.
-Numbers are read as mergekit reads them (pydantic: "1e-3" is 0.001, true is 1.0).
+Layerswap's settings (engine/schema/settings.py) are one list of conditions, the first match
+winning, so the places are chained into one list in that order, and the result means the same
+per tensor. Numbers are read as mergekit reads them (pydantic: "1e-3" is 0.001, true is 1.0).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def chain(places: list[Place], convert: Convert, default: Any = None) -> list[Co
 
 
 def as_setting(conditions: list[Condition]) -> Any:
-    """Layerswap's setting (engine.gradients.Setting) for a chain: a number, a gradient, or
+    """Layerswap's setting (engine.schema.settings.Setting) for a chain: a number, a gradient, or
     `{filter, value}` conditions."""
     if conditions and conditions[0].matches_all:
         return conditions[0].value

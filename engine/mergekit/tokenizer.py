@@ -2,8 +2,8 @@
 
 mergekit 0.1.5 builds the output's vocabulary on the config's `base_model` (without one, on
 whichever model its set of models yields first) and fills a token a model lacks from the base
-of the slice it merges. Layerswap's engine (engine/vocabulary.py) takes one base for both: the
-recipe's base, slerp's first model, else the first model. The translation makes that base
+of the slice it merges. Layerswap's engine (engine/vocabulary/alignment.py) takes one base for
+both: the recipe's base, slerp's first model, else the first model. The translation makes that base
 mergekit's, or refuses naming the field; what only differs in a corner is said in a warning.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from engine.errors import RecipeError
 from engine.mergekit.config import IsLocal, MergekitConfig, mapping, model_source
 from engine.methods import METHODS as ENGINE_METHODS
-from engine.recipe_parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
+from engine.schema.parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
 
 # Where the engine's vocabulary rules stop being mergekit's: tokens the copied model lacks.
 PASSTHROUGH_ROWS = (
@@ -119,7 +119,7 @@ def _inputs(recipe: dict[str, Any]) -> list[str]:
 
 
 def _engine_base(recipe: dict[str, Any]) -> str:
-    """The source engine/vocabulary.py builds `base` and `union` on."""
+    """The source engine/vocabulary/alignment.py builds `base` and `union` on."""
     if ENGINE_METHODS[recipe["method"]].first_model_is_base or recipe.get("base") is None:
         return str(recipe["models"][0])
     return str(recipe["base"])

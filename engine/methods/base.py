@@ -6,12 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine.checkpoint import Checkpoint
 from engine.errors import RecipeError
-from engine.gradients import Condition, Setting, Switch, SwitchCondition
-from engine.plan import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
+from engine.io.checkpoint import Checkpoint
+from engine.plan.model import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.progress import CancelCheck
-from engine.recipe_parts import RecipeBase, Strict
+from engine.schema.parts import RecipeBase, Strict
+from engine.schema.settings import Condition, Setting, Switch, SwitchCondition
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
@@ -39,12 +39,12 @@ class Inputs:
 
     def magnitudes(self, indices: Sequence[int], field: str) -> list[float]:
         """Each expert's mean row MAV against the base (DESIGN §3.3); needs the base."""
-        from engine.analysis import expert_magnitude  # imports torch: only magnitude weights
+        from engine.analysis.deltas import expert_magnitude  # imports torch: only magnitude weights
 
         if self.base is None:
             raise RecipeError.for_field("base", f"required for magnitude weights ({field})")
         base_tensors = self.checkpoints[self.base].tensors
-        for i in indices:  # only aligned vocabularies differ in shape (validate.py)
+        for i in indices:  # only aligned vocabularies differ in shape (compatibility.py)
             other = self.checkpoints[i].tensors
             if resized := [n for n, t in base_tensors.items() if other[n].shape != t.shape]:
                 raise RecipeError.for_field(
@@ -141,5 +141,5 @@ class Method:
     # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
     pair_baseline: bool = True
     # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
-    # rule (engine/vocabulary.py), whatever the recipe's `base`.
+    # rule (engine/vocabulary/alignment.py), whatever the recipe's `base`.
     first_model_is_base: bool = False

@@ -24,13 +24,6 @@ from engine.methods.sparsify import (
 )
 
 
-def breadcrumb_ranks(numel: int, density: float, gamma: float) -> tuple[int, int]:
-    """(m₁, m₂): the ranks [m₁, m₂) of |δ|, counted from the smallest, that are kept."""
-    target, top = int(density * numel), int(gamma * numel)
-    bottom = max(0, numel - target - top)
-    return bottom, bottom + target
-
-
 class BreadcrumbsParams(SparsifyParams):
     AMOUNTS: ClassVar[tuple[str, ...]] = ("density", "gamma")
 

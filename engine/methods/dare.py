@@ -4,7 +4,7 @@ by default what is kept is scaled back to the delta's L1 norm (≈ 1/density).
 
 The drops are random but reproducible: entry j of tensor `name`'s delta of models[i] is kept
 when the Philox counter-based generator, keyed by (seed, name, i), gives a number below
-density at counter j (engine/random_bits.py). So any chunk of a tensor is made on its own,
+density at counter j (engine/kernels/random_bits.py). So any chunk of a tensor is made on its own,
 and the same recipe gives the same bytes whatever the chunk size, device or thread count.
 """
 

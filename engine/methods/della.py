@@ -6,7 +6,7 @@ back to the delta's L1 norm by default.
 Exactly, per row of m entries (a 1-D tensor is one row): r = the rank of |δ| from 0 (equal |δ|
 in flat order), p = (density − ε) + 2ε·r/(m − 1) in float32 as mergekit computes it; entry
 kept when the Philox generator keyed by (seed, name, model) gives a number below p at its
-counter (engine/random_bits.py): reproducible whatever the chunk size, device or threads.
+counter (engine/kernels/random_bits.py): reproducible whatever the chunk size, device or threads.
 density ± epsilon must lie in (0, 1) wherever density < 1.
 """
 
@@ -29,7 +29,7 @@ from engine.methods.sparsify import (
     sparsify_method,
     spread_fits,
 )
-from engine.plan import Thinning
+from engine.plan.model import Thinning
 
 RESCALE_HELP = "scale each thinned delta back to its original L1 norm"
 

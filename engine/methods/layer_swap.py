@@ -20,8 +20,8 @@ from engine.methods.base import (
     normalized,
     terms,
 )
-from engine.plan import Op, Term
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term
+from engine.schema.parts import (
     MAX_EXPERTS_PER_ROLE,
     NamedSource,
     RecipeBase,

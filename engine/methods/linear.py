@@ -12,15 +12,15 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
-from engine.gradients import Setting, position, resolve
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
-from engine.plan import Op, Term
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term
+from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
     Source,
     Strict,
 )
+from engine.schema.settings import Setting, position, resolve
 
 
 class LinearParams(Strict):

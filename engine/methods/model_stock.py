@@ -4,7 +4,7 @@ towards the base by how much their task vectors agree.
 Per tensor (per row with `filter_wise`): δᵢ = Tᵢ − base for the N models; cos θ = the mean, over
 the pairs i < j, of ⟨δᵢ, δⱼ⟩ / max(‖δᵢ‖‖δⱼ‖, 1e-6) clamped to [−1, 1];
 t = N cos θ / (1 + (N − 1) cos θ), or 0 where |1 + (N − 1) cos θ| < 1e-6;
-out = t · (Σ Tᵢ) / N + (1 − t) · base. The angles are found by angles.py.
+out = t · (Σ Tᵢ) / N + (1 − t) · base. The angles are found by angle_torch.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
-from engine.gradients import Switch, position, resolve_switch
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
-from engine.plan import Op, Term
-from engine.recipe_parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
+from engine.plan.model import Op, Term
+from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
+from engine.schema.settings import Switch, position, resolve_switch
 
 
 class ModelStockParams(Strict):

@@ -6,7 +6,7 @@ a − base and b − base with a base, whose result is then added to the base. F
 of the tensor (the whole tensor with `nuslerp_flatten`; else each row along the last dim, or
 each column along the first with `nuslerp_row_wise`), θ is the angle between a_v and b_v and
 out_v = (sin((1 − t)θ)·a_v + sin(tθ)·b_v) / sin θ, or (1 − t)·a_v + t·b_v where 1 − cos²θ ≤ 1e-16.
-The angles are found by angles.py. Weights and both switches may vary by layer or
+The angles are found by angle_torch.py. Weights and both switches may vary by layer or
 tensor name, as mergekit's do.
 """
 
@@ -17,10 +17,10 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
-from engine.gradients import Setting, Switch, position, resolve, resolve_switch
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
-from engine.plan import Op, Term
-from engine.recipe_parts import ModelsRecipe, Source, Strict, check_base_apart
+from engine.plan.model import Op, Term
+from engine.schema.parts import ModelsRecipe, Source, Strict, check_base_apart
+from engine.schema.settings import Setting, Switch, position, resolve, resolve_switch
 
 ZERO_TOTAL = 1e-6  # weights summing closer to zero than this interpolate halfway, as mergekit
 

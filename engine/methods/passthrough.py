@@ -17,8 +17,8 @@ from engine.architectures import LayerStack
 from engine.errors import CheckpointError, RecipeError
 from engine.limits import MAX_LAYERS
 from engine.methods.base import Inputs, Method, MethodPlan, Placement
-from engine.plan import Op, Term
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term
+from engine.schema.parts import (
     MAX_MODELS,
     MAX_SLICES,
     ModelsRecipe,
@@ -120,7 +120,7 @@ def plan_passthrough(recipe: PassthroughRecipe, inputs: Inputs) -> MethodPlan:
     stacked = _layers(recipe, inputs)
     first, last = stacked[0][0], stacked[-1][0]
     checkpoint = inputs.checkpoints[first]
-    stack = checkpoint.require_layers(recipe.method)  # the inputs share names (validate.py)
+    stack = checkpoint.require_layers(recipe.method)  # the inputs share names (compatibility.py)
     by_layer: dict[int, list[str]] = {}
     outside: list[str] = []
     for info in sorted(checkpoint.tensors.values(), key=lambda t: (str(t.file), t.start)):

@@ -3,7 +3,7 @@
 Per tensor: a = models[0], b = models[1], θ the angle between them as flat vectors;
 out = sin((1 − t)θ)/sin θ · a + sin(tθ)/sin θ · b, or (1 − t)·a + t·b when |cos θ| > 0.9995.
 θ needs the whole tensor, so the kernel reads it once for norms and dot before writing
-(kernels.py). `t` may vary by layer (a gradient) or tensor name (filters), as mergekit's does.
+(torch_kernels.py). `t` may vary by layer (a gradient) or tensor name (filters), as mergekit's does.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Literal
 from pydantic import Field
 
 from engine.errors import RecipeError
-from engine.gradients import Setting, position, resolve
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
-from engine.plan import Op, Term
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term
+from engine.schema.parts import (
     ModelsRecipe,
     Source,
     Strict,
 )
+from engine.schema.settings import Setting, position, resolve
 
 
 class SlerpParams(Strict):

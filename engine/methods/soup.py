@@ -7,8 +7,8 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan, inverse_normalized, normalized, terms
-from engine.plan import Op, Term
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term
+from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
     Source,

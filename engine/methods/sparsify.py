@@ -13,7 +13,7 @@ Per tensor, with δᵢ = Tᵢ − base for each model i (float32 throughout):
 4. out = base + λ·merged.
 
 Weights and the per-model amounts (density, gamma, epsilon) may vary by layer or tensor name
-(engine/gradients.py), as mergekit's do; they are resolved per tensor into its `Thinning`.
+(engine/schema/settings.py), as mergekit's do; they are resolved per tensor into its `Thinning`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.errors import RecipeError
-from engine.gradients import Condition, Setting, position, resolve
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
-from engine.plan import Dropping, Op, SparsifySettings, Term, Thinning
-from engine.recipe_parts import MAX_MODELS, ModelsRecipe, Source, Strict
+from engine.plan.model import Dropping, Op, SparsifySettings, Term, Thinning
+from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
+from engine.schema.settings import Condition, Setting, position, resolve
 
 PerModel = float | Annotated[list[Setting], Field(min_length=1, max_length=MAX_MODELS)]
 PER_MODEL_HELP = "one number for every model, or a list with one setting per model"

@@ -1,6 +1,6 @@
 """Task arithmetic (Ilharco et al. 2023): base + λ Σ w_i (T_i − base).
 
-Computed in that order, as mergekit's task_arithmetic computes it (kernels.py): each delta
+Computed in that order, as mergekit's task_arithmetic computes it (torch_kernels.py): each delta
 from the base weighted, the deltas summed in model order, divided by Σ w_i with `normalize`,
 scaled by λ, added to the base.
 """
@@ -12,8 +12,8 @@ from typing import Annotated, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan
-from engine.plan import Op, Term, TiesSettings
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term, TiesSettings
+from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
     Source,

@@ -3,7 +3,7 @@
 Per tensor: δ_i = T_i − base; keep the top `density` fraction of |δ_i| (ties at the
 threshold are kept); weight by w_i; elect the sign of Σ w_i·δ_i (zero counts as +);
 sum the entries that agree with it; with `normalize`, divide by the Σ w_i of the agreeing
-entries (0 → 1); out = base + λ·sum. The arithmetic lives in kernels.py.
+entries (0 → 1); out = base + λ·sum. The arithmetic lives in torch_kernels.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan
-from engine.plan import Op, Term, TiesSettings
-from engine.recipe_parts import (
+from engine.plan.model import Op, Term, TiesSettings
+from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
     Source,

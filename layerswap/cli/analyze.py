@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from engine.analysis_files import write_analysis
+from engine.analysis.files import write_analysis
 from layerswap.cli.common import engine_errors
 
 
@@ -34,7 +34,9 @@ def analyze(
 ) -> None:
     """Delta analysis of experts against their base: JSON matrix + heatmap PNG."""
     with engine_errors():
-        from engine.analysis import analyze as run_analysis  # imports torch: only when analysing
+        from engine.analysis.deltas import (
+            analyze as run_analysis,  # imports torch: only when analysing
+        )
 
         labelled = [_labelled(spec) for spec in experts]
         by_path = {str(path): label for label, path in labelled}

@@ -17,7 +17,7 @@ from engine.merge import merge as run_merge
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
-from engine.user_yaml import load_yaml
+from engine.schema.user_yaml import load_yaml
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
 
 if TYPE_CHECKING:

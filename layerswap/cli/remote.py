@@ -16,7 +16,7 @@ import httpx
 from tqdm import tqdm
 
 from engine.errors import RecipeError
-from engine.user_yaml import load_yaml
+from engine.schema.user_yaml import load_yaml
 from layerswap_client import Client, LayerswapError
 
 KINDS = {"merge": "merges", "evaluation": "evaluations", "analysis": "analyses"}
@@ -114,7 +114,7 @@ def submit(
 
 def read_body(recipe: Path) -> dict[str, Any]:
     """The request in a YAML or JSON file, read within the bounds the service sets on YAML
-    (aliases, nesting, size: engine/user_yaml.py)."""
+    (aliases, nesting, size: engine/schema/user_yaml.py)."""
     try:
         body = load_yaml(recipe.read_text(encoding="utf-8"), "recipe", name=str(recipe))
     except RecipeError as e:

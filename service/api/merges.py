@@ -30,7 +30,7 @@ from core.sources import resolve_source
 from engine.errors import EngineError, RecipeError
 from engine.mergekit import MergekitOrigin, translate
 from engine.recipe import HUB_REPO_PATTERN, Recipe, named_sources, parse_recipe, recipe_to_dict
-from engine.user_yaml import check_data, load_yaml
+from engine.schema.user_yaml import check_data, load_yaml
 from service.api import polling
 from service.api.deps import Context, ContextDep, TenantDep, current_tenant
 from service.api.errors import error_response
@@ -270,7 +270,7 @@ def _recipe_of(
 
 
 def _mergekit_config(config: dict[str, object] | str) -> object:
-    """The config as values, within the bounds of YAML a user gives (engine/user_yaml.py):
+    """The config as values, within the bounds of YAML a user gives (engine/schema/user_yaml.py):
     its text read by the bounded loader, a mapping held to the same rule."""
     try:
         if isinstance(config, dict):

@@ -27,8 +27,8 @@ from core.settings import Settings
 from core.sources import resolve_source
 from core.stored_requests import check_stored_size
 from engine.architectures import configured_layer_count
-from engine.checkpoint import read_json
 from engine.errors import CheckpointError, EngineError
+from engine.io.checkpoint import read_json
 from engine.recipe import parse_recipe
 from service.preflight import check_headers
 from service.sweeps.expand import (

@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from core import jobs
 from core.db.models import Job
-from engine.digests import file_sha256
+from engine.io.digests import file_sha256
 from tests.distributed.conftest import (
     HUB_TOKEN,
     LAYERSWAP,
@@ -346,15 +346,7 @@ def test_two_workers_racing_for_one_job_claim_it_once(cluster: Cluster) -> None:
 # --- the database goes away ------------------------------------------------------------------
 
 
-def restart_postgres() -> None:
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
-        check=True,
-        timeout=120,
-    )
-
-
+@pytest.mark.own_postgres  # restarted: a server of its own, the machine's stays up for the rest
 def test_database_restart_during_the_final_write(
     cluster: Cluster, big_family: Path, ties_reference: dict[str, str]
 ) -> None:
@@ -388,7 +380,8 @@ def test_database_restart_during_the_final_write(
     retried_before = worker.text().count(f"job {job['id']}: database unavailable")
     with cluster.service.db.session() as session:
         started = session.scalar(text("SELECT pg_postmaster_start_time()"))
-    restart_postgres()  # ends the test's lock and the worker's transaction with it
+    assert cluster.postgres is not None
+    cluster.postgres.restart()  # ends the test's lock and the worker's transaction with it
     connection.invalidate()
     locker.dispose()
 

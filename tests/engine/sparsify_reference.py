@@ -2,8 +2,8 @@
 mergekit 0.1.5's formulas on whole tensors in memory, float32.
 
 The engine is used for one thing only: the random bits of DARE's and DELLA's drops
-(engine.random_bits.random_bits), so that a reference can be given the engine's masks; the rule
-that turns bits into a mask (bits < p·2³²) and everything else is computed here.
+(engine.kernels.random_bits.random_bits), so that a reference can be given the engine's masks;
+the rule that turns bits into a mask (bits < p·2³²) and everything else is computed here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.random_bits import random_bits
+from engine.kernels.random_bits import random_bits
 
 SCALE = 2.0**32
 

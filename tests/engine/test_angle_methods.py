@@ -129,8 +129,8 @@ def test_cpu_kernels_equal_the_torch_kernels(
     """The numba CPU path (angle_kernels) computes what the torch kernels (CUDA, float64) do:
     the same bytes where vectors are read whole; where they are measured by their moments, the
     moments are summed in float64 on one side and float32 per chunk on the other: within 1 ulp."""
-    from engine.angle_kernels import AngleKernels, handles
-    from engine.kernels import Kernels
+    from engine.kernels.angle import AngleKernels, handles
+    from engine.kernels.torch_kernels import Kernels
 
     data = {**recipe, "models": [llama.task, llama.language]}
     data["base"] = llama.base if recipe.get("base") else None
@@ -158,8 +158,8 @@ def test_cpu_kernels_equal_the_torch_kernels(
 @pytest.mark.parametrize("method", ["nuslerp", "model_stock"])
 def test_cpu_kernels_equal_the_torch_kernels_into_float16(llama32: Family, method: str) -> None:
     """float32 inputs written as float16: the same bytes from both kernels."""
-    from engine.angle_kernels import AngleKernels
-    from engine.kernels import Kernels
+    from engine.kernels.angle import AngleKernels
+    from engine.kernels.torch_kernels import Kernels
 
     data = {"method": method, "base": llama32.base, "models": [llama32.task, llama32.language],
             "output": {"dtype": "float16"}}  # fmt: skip
@@ -271,9 +271,9 @@ def test_model_stock_coefficients_without_torch_equal_torchs(models: int) -> Non
     """A vector measured by its moments gets t and 1 − t computed without torch (so that torch
     loads meanwhile): the same float32 bits as angles.ModelStock's torch steps, for 1, 3 and 6
     pairs, including a singular denominator (cos θ = −1/(N − 1)) and a zero task vector."""
-    from engine.angle_rules import ModelStockTerms
-    from engine.angles import ModelStock
-    from engine.plan import TensorPlan, Term
+    from engine.kernels.angle_rules import ModelStockTerms
+    from engine.kernels.angle_torch import ModelStock
+    from engine.plan.model import TensorPlan, Term
 
     terms = (*(Term(i, 1 / models) for i in range(models)), Term(models, 1.0))
     tensor = TensorPlan("w", (64,), "F32", "model_stock", terms, None, "model_stock")

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine import linear_kernels
-from engine.checkpoint import Checkpoint
-from engine.kernels import Kernels
-from engine.plan import Plan, Shard, TensorPlan, Term
+from engine.io.checkpoint import Checkpoint
+from engine.kernels import linear as linear_kernels
+from engine.kernels.torch_kernels import Kernels
+from engine.plan.model import Plan, Shard, TensorPlan, Term
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # odd sizes: below and above the threads' split (65536), not multiples of the vector width

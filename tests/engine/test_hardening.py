@@ -126,7 +126,7 @@ def open_descriptors() -> set[str]:
 
 
 def test_a_writer_that_fails_to_start_closes_every_descriptor(tmp_path: Path) -> None:
-    from engine.writer import OutputWriter
+    from engine.io.writer import OutputWriter
 
     (tmp_path / "model-00005-of-00008.safetensors").mkdir()  # the fifth file cannot be made
     files = [(f"model-{i:05d}-of-00008.safetensors", b"header--", 8) for i in range(1, 9)]
@@ -186,7 +186,7 @@ def test_the_digest_cache_skips_a_write_that_does_not_fit(
 ) -> None:
     import hashlib
 
-    from engine.digests import file_sha256
+    from engine.io.digests import file_sha256
 
     cache = small_filesystem(64 * 1024)
     data = tmp_path / "data.bin"
@@ -203,7 +203,7 @@ def test_the_digest_cache_skips_a_write_that_does_not_fit(
 def test_the_digest_cache_notices_a_rewrite_that_keeps_size_and_mtime(tmp_path: Path) -> None:
     import hashlib
 
-    from engine.digests import file_sha256
+    from engine.io.digests import file_sha256
 
     cache = tmp_path / "cache"
     data = tmp_path / "data.bin"
@@ -257,7 +257,7 @@ def test_cancel_during_ties_top_k_stops_inside_the_selection(
 
 
 def test_hashing_stops_when_asked(tmp_path: Path) -> None:
-    from engine.digests import BLOCK, file_sha256
+    from engine.io.digests import BLOCK, file_sha256
 
     data = tmp_path / "big.bin"
     with open(data, "wb") as f:

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.checkpoint import Checkpoint
 from engine.errors import CheckpointError
-from engine.safetensors_format import DTYPE_SIZES
+from engine.io.checkpoint import Checkpoint
+from engine.io.safetensors_format import DTYPE_SIZES
 from tests.conftest import Family
 from tests.helpers import leftovers, write_recipe
 from tests.test_cli import layerswap

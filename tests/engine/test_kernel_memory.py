@@ -26,7 +26,7 @@ SCRIPT = """
 import collections, json, math, sys
 from pathlib import Path
 
-from engine.kernels import Kernels
+from engine.kernels.torch_kernels import Kernels
 from engine.planner import make_plan
 from engine.recipe import parse_recipe
 

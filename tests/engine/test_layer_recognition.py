@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.analysis import analyze
+from engine.analysis.deltas import analyze
 from engine.errors import CheckpointError
 from tests.conftest import Family
 from tests.helpers import leftovers, write_recipe

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from engine.errors import RecipeError
-from engine.gradients import position, resolve
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.recipe import recipe_to_dict
-from engine.vocabulary import EVERY, MEAN
+from engine.schema.settings import position, resolve
+from engine.vocabulary.alignment import EVERY, MEAN
 
 
 def local(path: str) -> bool:

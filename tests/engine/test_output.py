@@ -263,7 +263,7 @@ def test_writer_copies_and_writes_land_at_their_offsets(tmp_path: Path, direct: 
     it) and computed bytes, handed over out of order, at offsets that are not page-aligned,
     make exactly the planned file (its size not a multiple of O_DIRECT's unit either) and its
     sha256."""
-    from engine.writer import ALIGN, BLOCK, OutputWriter
+    from engine.io.writer import ALIGN, BLOCK, OutputWriter
 
     source = tmp_path / "source.bin"
     source.write_bytes(os.urandom(2 * BLOCK + 4096))
@@ -297,7 +297,7 @@ def test_writer_copies_and_writes_land_at_their_offsets(tmp_path: Path, direct: 
 def test_writer_assembles_more_files_than_it_has_lanes(tmp_path: Path) -> None:
     """More files than files assembled at once, each with computed bytes that cross a block
     boundary (handed over in two chunks) between copies: every file and sha256 is exact."""
-    from engine.writer import BLOCK, LANES, OutputWriter
+    from engine.io.writer import BLOCK, LANES, OutputWriter
 
     source = tmp_path / "source.bin"
     source.write_bytes(os.urandom(4096))
@@ -329,7 +329,7 @@ def test_writer_assembles_more_files_than_it_has_lanes(tmp_path: Path) -> None:
 
 
 def test_writer_fails_clearly_when_a_range_is_never_handed_over(tmp_path: Path) -> None:
-    from engine.writer import OutputWriter
+    from engine.io.writer import OutputWriter
 
     out = tmp_path / "out"
     out.mkdir()

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from engine.errors import RecipeError
-from engine.exact_sums import FLOAT32, FLOAT64, rounded_sum
-from engine.kernels import Kernels
+from engine.kernels.exact_sums import FLOAT32, FLOAT64, rounded_sum
+from engine.kernels.random_bits import philox4x32, random_bits, stream_key
+from engine.kernels.sparse import SparseKernels
+from engine.kernels.sparse import handles as sparse_handles
+from engine.kernels.sparse_torch import exact_bins
+from engine.kernels.torch_kernels import Kernels
 from engine.planner import make_plan
-from engine.random_bits import philox4x32, random_bits, stream_key
 from engine.recipe import parse_recipe
-from engine.sparse_kernels import SparseKernels
-from engine.sparse_kernels import handles as sparse_handles
-from engine.sparse_torch import exact_bins
 from tests.conftest import Family, _family
 from tests.engine.sparsify_reference import (
     Merge,
@@ -309,8 +309,8 @@ def test_float64_inputs_are_merged_in_float64_whatever_the_chunks(
 def test_della_ranks_a_3d_tensor_along_its_second_dimension() -> None:
     """As mergekit's MagPrune: a tensor of more than two dimensions is ranked along dim 1, for
     each index of the others (the torch path; the compiled one leaves such plans to it)."""
-    from engine.plan import SparsifySettings, TensorPlan, Term, Thinning
-    from engine.sparse_torch import SparseMerge
+    from engine.kernels.sparse_torch import SparseMerge
+    from engine.plan.model import SparsifySettings, TensorPlan, Term, Thinning
 
     generator = torch.Generator().manual_seed(3)
     base = torch.randn(4, 50, 3, generator=generator)
@@ -383,7 +383,7 @@ def test_philox_known_answers_and_any_chunk() -> None:
 
 
 def test_philox_in_torch_equals_compiled() -> None:
-    from engine.sparse_torch import philox_bits
+    from engine.kernels.sparse_torch import philox_bits
 
     key = stream_key(9, "model.layers.0.mlp.up_proj.weight", 0)
     for start, count in ((0, 1), (1, 6), (3, 1000), (2**33 + 1, 17)):

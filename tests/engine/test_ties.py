@@ -169,7 +169,7 @@ def _chunked(values: torch.Tensor, size: int) -> Any:
 def test_top_k_selection_is_exact(values: torch.Tensor, k_fraction: float) -> None:
     """Threshold, tie quota and the chunk-by-chunk mask agree with a stable sort, for the
     in-memory path (one chunk) and the radix path (many chunks)."""
-    from engine.selection import keep_mask, top_k
+    from engine.kernels.top_k import keep_mask, top_k
     from tests.reference import top_k_mask
 
     numel = values.numel()

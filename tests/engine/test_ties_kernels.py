@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import ties_kernels
-from engine.kernels import Kernels
+from engine.kernels import ties as ties_kernels
+from engine.kernels.torch_kernels import Kernels
 from engine.planner import make_plan
 from engine.recipe import parse_recipe
 from tests.conftest import Family, _family

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.ties_selection import Selection, _kth_largest, _sample_bounds
+from engine.kernels.ties_selection import Selection, _kth_largest, _sample_bounds
 from tests.reference import top_k_mask
 
 N = 300_007  # above the sampled size (4 · 16384), odd

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
 from engine.errors import IncompatibleCheckpointsError, RecipeError
-from engine.vocabulary import vocabulary_tensors
+from engine.io.checkpoint import Checkpoint
+from engine.vocabulary.alignment import vocabulary_tensors
 from tests.engine.families import FAMILY_SPECS, installed, model_class, save_family
 from tests.engine.test_interpolation_methods import _slerp
 from tests.engine.test_output import assert_forward_pass

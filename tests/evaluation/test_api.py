@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine.digests import file_sha256
+from engine.io.digests import file_sha256
 from tests.evaluation.conftest import (
     MAX_GEN_TOKS,
     QUESTIONS,

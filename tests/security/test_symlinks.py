@@ -15,8 +15,8 @@ import pytest
 
 from core.settings import Settings
 from core.sources import file_guard, resolve_source
-from engine.checkpoint import Checkpoint
 from engine.errors import CheckpointError
+from engine.io.checkpoint import Checkpoint
 from engine.merge import MergeOptions, merge
 from engine.recipe import parse_recipe
 from tests.helpers import leftovers

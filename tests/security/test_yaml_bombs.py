@@ -22,9 +22,9 @@ from sqlalchemy import func, select
 
 from core.db.models import Job, Sweep
 from core.db.session import Database
-from engine import user_yaml
 from engine.errors import RecipeError
-from engine.user_yaml import MAX_DEPTH, MAX_VALUES, check_data, load_yaml
+from engine.schema import user_yaml
+from engine.schema.user_yaml import MAX_DEPTH, MAX_VALUES, check_data, load_yaml
 from tests.evaluation.conftest import MAX_GEN_TOKS, TASK, write_mgsm
 from tests.helpers import leftovers, wait_for
 from tests.service.conftest import Service, running_service

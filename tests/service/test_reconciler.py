@@ -13,7 +13,7 @@ from core import jobs
 from core.db.models import Job, as_utc, utcnow
 from core.db.session import Database
 from core.settings import Settings
-from engine.digests import file_sha256
+from engine.io.digests import file_sha256
 from engine.progress import Progress
 from service.reconciler import Reconciler, requeue_stale
 from tests.helpers import wait_for

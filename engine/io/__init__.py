@@ -1,0 +1,3 @@
+"""Files: reads confined to the allowed roots, the safetensors format, checkpoints opened
+lazily, the atomic output writer, content digests and the allocator settings. The only folder
+that opens a file; imports the engine's errors, limits and architectures."""

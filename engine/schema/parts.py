@@ -1,0 +1,201 @@
+"""What every recipe shares: sources, output options, and the base class of each method's recipe.
+
+Each method's own recipe (its parameters and checks) lives beside its plan in engine/methods/;
+engine/recipe.py gathers them into the one schema the CLI and the API validate. Importable
+without torch: the API process validates recipes too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.schema.settings import Setting
+
+__all__ = ["Setting"]
+
+Source = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="checkpoint: a directory path, or a Hub repository hf://org/name[@revision]",
+    ),
+]
+HUB_REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+CREDENTIAL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Credential = Annotated[
+    str | None,
+    Field(
+        None,
+        pattern=CREDENTIAL_PATTERN,
+        description="name of a Hub credential configured where the merge runs (never a token)",
+    ),
+]
+# tokenizer_source's keywords; any other value names one of the recipe's sources.
+TOKENIZER_BASE, TOKENIZER_UNION, TOKENIZER_MODEL_PREFIX = "base", "union", "model:"
+# Each source is opened (and, at submit, its headers read): bounded like every other input.
+MAX_EXPERTS_PER_ROLE = 32
+MAX_MODELS = 64
+MAX_SLICES = 256  # each is a run of layers; MAX_LAYERS bounds their total at plan time
+Weights = Literal["uniform", "magnitude"] | Annotated[list[float], Field(max_length=MAX_MODELS)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_size(value: int | str) -> int:
+    """'5GB' -> 5_000_000_000 (decimal like Hugging Face), '1GiB' -> 2**30, ints as bytes."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(value)
+    if not match:
+        raise ValueError(f"not a size: {value!r} (examples: 5GB, 500MB, 1GiB)")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+
+
+class HubDestination(Strict):
+    repo: str = Field(pattern=HUB_REPO_PATTERN, description="org/name; created if missing")
+    private: bool = True
+    branch: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+    credential: Credential = None
+
+
+class MlflowDestination(Strict):
+    """Register the output in the deployment's MLflow Model Registry (service only)."""
+
+    registered_model: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._/-]{0,255}$", description="created if missing"
+    )
+    alias: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{1,255}$",
+        description="point this alias at the new version (e.g. champion)",
+    )
+
+    @field_validator("alias")
+    @classmethod
+    def _not_reserved(cls, value: str | None) -> str | None:
+        if value is not None and (value == "latest" or re.fullmatch(r"v[0-9]+", value)):
+            raise ValueError(f"{value!r} is reserved by MLflow (latest, v<number>)")
+        return value
+
+
+class OutputOptions(Strict):
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="service only: the output artifact's name (default: from the job id)",
+    )
+    dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
+    # 2 GB by default: the shards are hashed side by side (a sha256 is serial, ~2 GB/s a core),
+    # here and when the Hub client uploads them, where one 5 GB file would take one core.
+    shard_size: int | str = Field("2GB", description="largest shard, e.g. 2GB, 500MB, 1GiB")
+    hub: HubDestination | None = Field(None, description="also publish the output to the Hub")
+    mlflow: MlflowDestination | None = Field(
+        None, description="service only: register the output as an MLflow model version"
+    )
+
+    @field_validator("shard_size")
+    @classmethod
+    def _size(cls, value: int | str) -> int | str:
+        if parse_size(value) < 1024:
+            raise ValueError("must be at least 1KB")
+        return value
+
+    @property
+    def shard_bytes(self) -> int:
+        return parse_size(self.shard_size)
+
+
+def check_weights(weights: Weights, count: int, *, positive: bool = False) -> None:
+    if not isinstance(weights, list):
+        return
+    if len(weights) != count:
+        raise ValueError(f"params.weights has {len(weights)} entries for {count} models")
+    if positive and any(w <= 0 for w in weights):
+        raise ValueError("params.weights must all be positive")
+    if math.isclose(sum(weights), 0.0, abs_tol=1e-12):
+        raise ValueError("params.weights must not sum to zero")
+
+
+def check_base_apart(recipe: ModelsRecipe) -> None:
+    """A base listed among the models too would be merged as a model whose task vector is
+    zero; mergekit takes it as the base alone. Refused rather than guessed."""
+    if recipe.base is not None and recipe.base in recipe.models:
+        i = recipe.models.index(recipe.base)
+        raise ValueError(f"models.{i}: is the base; list the base only as base")
+
+
+@dataclass(frozen=True)
+class NamedSource:
+    """One checkpoint a recipe names, in plan order."""
+
+    field: str  # where in the recipe: experts.task.0, models.1, base
+    label: str  # task[0], language[1], models[2], base
+    role: str  # task, language, model, base
+    source: str  # as written: a path or hf://org/name[@revision]
+
+
+class RecipeBase(Strict):
+    """Fields every recipe has; `method` names the subclass (engine.methods.METHODS)."""
+
+    method: str
+    base: Source | None = None
+    output: OutputOptions = OutputOptions()
+    credential: Credential = None  # for hf:// sources
+    tokenizer_source: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description="the output's vocabulary when the inputs' differ (as mergekit's): base, "
+        "union, or one of the recipe's sources as written (also model:<source>); absent: the "
+        "inputs' vocabularies must match",
+    )
+
+    @model_validator(mode="after")
+    def _tokenizer_source_is_known(self) -> Self:
+        source = self.tokenizer_source
+        if source is None or source in (TOKENIZER_BASE, TOKENIZER_UNION):
+            return self
+        written = [n.source for n in self.sources()]
+        if source.removeprefix(TOKENIZER_MODEL_PREFIX) not in written:
+            raise ValueError(
+                f"tokenizer_source {source[:200]!r} is not base, union or one of the recipe's "
+                f"sources ({', '.join(map(repr, written))})"
+            )
+        return self
+
+    def sources(self) -> list[NamedSource]:
+        """The checkpoints the recipe names, in plan order (the base last)."""
+        return self._with_base([])
+
+    def _with_base(self, named: list[NamedSource]) -> list[NamedSource]:
+        if self.base is not None:
+            named.append(NamedSource("base", "base", "base", self.base))
+        return named
+
+    @property
+    def plans_from_weights(self) -> bool:
+        """Whether planning reads tensor data (magnitude weights), not only headers."""
+        return False
+
+
+class ModelsRecipe(RecipeBase):
+    """A recipe over a list of models (every method but layer_swap)."""
+
+    models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+
+    def sources(self) -> list[NamedSource]:
+        named = [NamedSource(f"models.{i}", f"models[{i}]", "model", s)
+                 for i, s in enumerate(self.models)]  # fmt: skip
+        return self._with_base(named)
