@@ -12,10 +12,14 @@ The pipeline, as the folders show it (each imports only what stands above it her
 - ``kernels/``: the arithmetic that turns a planned tensor into output bytes.
 - ``vocabulary/``: aligning checkpoints whose vocabularies differ.
 - ``analysis/``: per-layer deltas between experts, swap suggestions, heatmaps.
-- ``methods/``: one module per merge method, and the registry of them.
-- ``recipe``: the recipe, every method's schema in one union.
+- ``translation/``: a mergekit config as a method reads it (its inputs, its parameters resolved
+  as mergekit resolves them) and what a method declares of its mergekit counterpart.
+- ``methods/``: one module per merge method (its schema, rule, formula, mergekit translation),
+  and the registry of them.
+- ``recipe``: the recipe, every registered method's schema in one union.
 - ``planner`` (recipe → plan), ``streaming`` (read → compute → write), ``model_card``.
-- ``mergekit/``: the mergekit front end, a config translated into a recipe.
+- ``mergekit/``: the mergekit front end: a config read, its method picked by name from the
+  registry, tokenizer and origin handled, the methods not supported yet refused.
 - ``merge``: the entry point, a recipe run end to end.
 
 import-linter (pyproject.toml) holds this order.

@@ -1,5 +1,6 @@
 """The recipe: what a user asks for. One Pydantic schema for the CLI (YAML) and the API (JSON),
-the union of every method's own recipe (engine/methods/, listed in engine.methods.METHODS).
+the union of every method's own recipe (engine/methods/, listed in engine.methods.METHODS),
+made from the methods registered when a recipe is first parsed after one is added.
 
 Only shape and local consistency are checked here; facts that need the checkpoints (layer
 counts, tensor names) are checked when the plan is made, still before any output exists.
@@ -9,7 +10,8 @@ This module must stay importable without torch: the API process validates recipe
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Union
+from functools import cache
+from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -40,17 +42,28 @@ __all__ = [
     "parse_recipe",
     "parse_size",
     "recipe_error_from",
+    "recipe_schema",
     "recipe_to_dict",
 ]
 
-if TYPE_CHECKING:
-    Recipe = RecipeBase
-else:
-    Recipe = Annotated[
-        Union[tuple(m.recipe for m in METHODS.values())],  # noqa: UP007
-        Field(discriminator="method"),
-    ]
-_ADAPTER: TypeAdapter[Recipe] = TypeAdapter(Recipe)
+# Any method's recipe; parse_recipe gives the method's own class (SoupRecipe, ...).
+Recipe = RecipeBase
+
+
+def recipe_schema() -> Any:
+    """The recipe's type: the union of the registered methods' recipes, told apart by
+    `method`."""
+    return _union(tuple(m.recipe for m in METHODS.values()))
+
+
+@cache
+def _union(members: tuple[type[RecipeBase], ...]) -> Any:
+    return Annotated[Union[members], Field(discriminator="method")]  # noqa: UP007
+
+
+@cache
+def _adapter(schema: Any) -> TypeAdapter[RecipeBase]:
+    return TypeAdapter(schema)
 
 
 def parse_recipe(data: Any) -> Recipe:
@@ -62,7 +75,7 @@ def parse_recipe(data: Any) -> Recipe:
             "method", f"must be one of {', '.join(METHODS)} (got {data.get('method')!r})"
         )
     try:
-        return _ADAPTER.validate_python(data)
+        return _adapter(recipe_schema()).validate_python(data)
     except ValidationError as e:
         raise _recipe_error(e) from None
 

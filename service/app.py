@@ -69,7 +69,10 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     # Outside routing: Host, Origin, media type and body size are checked before a body is
     # parsed or a key looked up.
     app.add_middleware(RequestGuard, settings=settings)
-    for module in (jobs, merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
+    # POST /v1/merges takes the recipes of the methods registered now (engine.methods.register)
+    app.include_router(jobs.router)
+    app.include_router(merges.submit_router())
+    for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
         app.include_router(module.router)
     app.router.routes.append(console.mount())  # the web console: static files, no key
     reference.install(app)

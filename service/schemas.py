@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
@@ -34,13 +35,13 @@ class _Evaluated(BaseModel):
     )
 
 
+@cache
 def _merge_request(recipe: type[RecipeBase]) -> type[RecipeBase]:
     """A method's recipe schema with the request-only fields (SoupRecipe -> SoupMerge)."""
     name = recipe.__name__.removesuffix("Recipe") + "Merge"
     return type(name, (recipe, _Evaluated), {"__module__": __name__, "__doc__": recipe.__doc__})
 
 
-MERGE_REQUESTS = tuple(_merge_request(m.recipe) for m in METHODS.values())
 MAX_MERGEKIT_YAML = 256 * 1024  # characters: configs on model cards are a few hundred
 
 
@@ -71,18 +72,27 @@ def _merge_kind(body: Any) -> str | None:
 
 
 # A merge request: the recipe schema of `layerswap merge`, or a mergekit config; plus an
-# optional evaluation and webhook.
+# optional evaluation and webhook. POST /v1/merges takes merge_request(), made with the app.
 if TYPE_CHECKING:
 
     class RecipeRequest(RecipeBase, _Evaluated): ...
 
     MergeRequest = RecipeRequest | MergekitMerge
 else:
-    _TAGGED = tuple(
-        Annotated[r, Tag(name)] for name, r in zip(METHODS, MERGE_REQUESTS, strict=True)
-    )
-    MergeRequest = Annotated[
-        Union[(*_TAGGED, Annotated[MergekitMerge, Tag("mergekit")])],
+    MergeRequest = Any
+
+
+def merge_request() -> Any:
+    """MergeRequest's type for the methods registered now: each one's recipe schema, tagged by
+    its name, or a mergekit config."""
+    return _merge_request_union(tuple((m.name, m.recipe) for m in METHODS.values()))
+
+
+@cache
+def _merge_request_union(methods: tuple[tuple[str, type[RecipeBase]], ...]) -> Any:
+    tagged = tuple(Annotated[_merge_request(recipe), Tag(name)] for name, recipe in methods)
+    return Annotated[
+        Union[(*tagged, Annotated[MergekitMerge, Tag("mergekit")])],
         Discriminator(_merge_kind),
     ]
 

@@ -1,10 +1,12 @@
 """mergekit 0.1.5 configs (`merge_method`, `models` or `slices`, ...) as Layerswap recipes.
 
 `translate` reads a config as mergekit would (its parameters' precedence, filters, gradients
-and defaults) and writes the Layerswap recipe that computes the same merge, refusing by its
-mergekit field (`models.1.parameters.density`) whatever Layerswap cannot honour. What travels
-beside the recipe (the config, warnings, checks that need the checkpoints) is a MergekitOrigin.
-Torch-free, like engine.recipe: the API translates at submit.
+and defaults), picks the method that answers to its `merge_method` (each method module declares
+its mergekit translation: engine/translation/translators.py) and writes the Layerswap recipe
+that computes the same merge, refusing by its mergekit field (`models.1.parameters.density`)
+whatever Layerswap cannot honour. What travels beside the recipe (the config, warnings, checks
+that need the checkpoints) is a MergekitOrigin. Torch-free, like engine.recipe: the API
+translates at submit.
 """
 
 from __future__ import annotations
@@ -14,22 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import RecipeError
-from engine.mergekit.config import (
-    TOP_LEVEL,
-    Input,
-    IsLocal,
-    MergekitConfig,
-    dtype_name,
-    read,
-    whole_models,
-)
-from engine.mergekit.methods import METHODS, NOT_YET, Method
+from engine.mergekit.config import TOP_LEVEL, IsLocal, dtype_name, read, whole_models
 from engine.mergekit.origin import MergekitOrigin
 from engine.mergekit.tokenizer import tokenizer_source
+from engine.methods import Method, mergekit_methods
 from engine.recipe import Recipe, parse_recipe
+from engine.translation.config import Input, MergekitConfig
+from engine.translation.translators import Translation
 
-__all__ = ["MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
+__all__ = ["NOT_YET", "MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
 _NARROW = ("bfloat16", "float16")  # mergekit's arithmetic in these is less precise than ours
+# mergekit 0.1.5's other methods (merge_methods/registry.py), refused by name until Layerswap
+# has them.
+NOT_YET = ("multislerp", "nearswap", "ram", "ramplus_tl", "sce", "arcee_fusion", "karcher")
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,14 @@ def translate(
     Raises RecipeError naming the mergekit field, or `output.*` / `credential`."""
     config = read(data, is_local)
     method = _method(config.method)
-    if config.slices is not None and config.method != "passthrough":
+    translation = method.mergekit
+    assert translation is not None  # _method found it by its mergekit name
+    restacked = method.layer_stack == "restacked"  # it reads the config's slices itself
+    if config.slices is not None and not restacked:
         whole_models(config)
-    _check_parameter_names(config, method)
-    recipe = method.translate(config)
-    recipe["output"] = _output(data, config, dict(output or {}))
+    _check_parameter_names(config, translation, restacked=restacked)
+    recipe = {"method": method.name, **translation.translate(config, translation)}
+    recipe["output"] = _output(data, config, dict(output or {}), computes=not restacked)
     if credential is not None:
         recipe["credential"] = credential
     if data.get("chat_template") is not None:
@@ -68,7 +70,7 @@ def translate(
             "chat_template", "not supported: the output keeps its tokenizer's own chat template"
         )
     tokenizer = tokenizer_source(data, config, recipe, is_local)
-    fields = _source_fields(config, recipe)
+    fields = _source_fields(config, recipe, restacked=restacked)
     if tokenizer is not None:
         fields["tokenizer_source"] = tokenizer
     parsed = _parse(recipe, fields)
@@ -89,9 +91,10 @@ def _recorded(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _method(name: str) -> Method:
-    if name in METHODS:
-        return METHODS[name]
-    known = ", ".join(sorted(METHODS))
+    translated = mergekit_methods()
+    if name in translated:
+        return translated[name]
+    known = ", ".join(sorted(translated))
     if name in NOT_YET:
         raise RecipeError.for_field(
             "merge_method",
@@ -102,39 +105,47 @@ def _method(name: str) -> Method:
     )
 
 
-def _check_parameter_names(config: MergekitConfig, method: Method) -> None:
+def _check_parameter_names(
+    config: MergekitConfig, translation: Translation, *, restacked: bool
+) -> None:
     """mergekit ignores a parameter its method does not take: so does Layerswap, saying so."""
-    ours = method.shared | method.per_model
+    ours = translation.shared | translation.per_model
     blocks: list[tuple[Input | None, str, dict[str, Any]]] = [
         (m, f"{m.field}.parameters", m.parameters) for m in config.inputs
     ]
     blocks += [(None, where, block) for where, block in config.shared_blocks]
-    if config.method == "passthrough":  # its slices' parameters are read slice by slice
+    if restacked:  # its slices' parameters are read slice by slice
         for piece in config.slices or []:
             blocks += [(m, f"{m.field}.parameters", m.parameters) for m in piece.inputs]
             blocks.append((None, f"{piece.field}.parameters", piece.parameters))
     for model, where, block in blocks:
         for name in block:
-            problem = _ignored(config, method, model, name, ours)
+            problem = _ignored(config, translation, model, name, ours)
             if problem:
                 config.warnings.append(f"{where}.{name}: {problem}; ignored, as mergekit does")
 
 
 def _ignored(
-    config: MergekitConfig, method: Method, model: Input | None, name: str, ours: frozenset[str]
+    config: MergekitConfig,
+    translation: Translation,
+    model: Input | None,
+    name: str,
+    ours: frozenset[str],
 ) -> str | None:
     if name == "int8_mask" and name in ours:
         return "it changes only how mergekit stores its sign mask"
     if name not in ours:
         return f"not a parameter of mergekit's {config.method}"
-    if model is not None and name not in method.per_model:
+    if model is not None and name not in translation.per_model:
         return f"{config.method} takes one {name} for all the models, not one per model"
-    if model is not None and config.is_base(model) and not method.base_takes_per_model:
+    if model is not None and config.is_base(model) and not translation.base_takes_per_model:
         return f"{config.method} takes no {name} for its base"
     return None
 
 
-def _output(data: dict[str, Any], config: MergekitConfig, out: dict[str, Any]) -> dict[str, Any]:
+def _output(
+    data: dict[str, Any], config: MergekitConfig, out: dict[str, Any], *, computes: bool
+) -> dict[str, Any]:
     if "dtype" in out:
         raise RecipeError.for_field(
             "output.dtype", "set by the mergekit config's out_dtype (or dtype), not here"
@@ -144,7 +155,7 @@ def _output(data: dict[str, Any], config: MergekitConfig, out: dict[str, Any]) -
     if data.get("out_dtype") is not None:
         out_dtype = dtype_name(data["out_dtype"], "out_dtype")
     out["dtype"] = out_dtype or dtype or "source"  # mergekit writes in dtype unless out_dtype
-    if dtype in _NARROW and config.method != "passthrough":  # a copy computes nothing
+    if dtype in _NARROW and computes:  # a restacked model's layers are copied
         config.warnings.append(
             f"dtype {dtype}: mergekit would compute in {dtype}; Layerswap computes in float32 "
             f"and rounds once to {out['dtype']}, so the output is at least as precise and may "
@@ -161,7 +172,9 @@ def _model_field(model: Input) -> str:
     return model.field if model.field.endswith("base_model") else f"{model.field}.model"
 
 
-def _source_fields(config: MergekitConfig, recipe: dict[str, Any]) -> dict[str, str]:
+def _source_fields(
+    config: MergekitConfig, recipe: dict[str, Any], *, restacked: bool
+) -> dict[str, str]:
     """Each source field of the recipe (models.0, base) -> the mergekit field naming it first."""
     written: dict[str, str] = {}
     inputs = [m for piece in config.slices or [] for m in piece.inputs] + config.inputs
@@ -170,7 +183,7 @@ def _source_fields(config: MergekitConfig, recipe: dict[str, Any]) -> dict[str, 
     fields = {f"models.{i}": written[s] for i, s in enumerate(recipe["models"])}
     if recipe.get("base") is not None:
         fields["base"] = config.base_field
-    if config.method == "passthrough":  # the recipe's params.slices are the config's slices
+    if restacked:  # the recipe's params.slices are the config's slices
         fields["params.slices"] = "slices"
     return fields
 

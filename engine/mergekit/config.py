@@ -1,17 +1,18 @@
-"""A mergekit 0.1.5 config read into what a method translator needs: its inputs, base, the
-places its parameters are set, and the output options. Every field it cannot honour is refused
-here or by the method, by its mergekit name (`models.1.parameters.density`)."""
+"""A mergekit 0.1.5 config read into what a method translator needs (engine/translation/config.py:
+its inputs, base, the places its parameters are set), and the output options. Every field it
+cannot honour is refused here or by the method, by its mergekit name
+(`models.1.parameters.density`)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import RecipeError, quoted
-from engine.mergekit.settings import Condition, Convert, Place, chain
-from engine.recipe import HUB_REPO_PATTERN
+from engine.schema.parts import HUB_REPO_PATTERN
+from engine.translation.config import Input, MergekitConfig, Slice
+from engine.translation.settings import Place
 
 # Fields of mergekit's MergeConfiguration; `name` is no field of mergekit's (it ignores it),
 # but configs on model cards carry it and it names the output here.
@@ -24,58 +25,6 @@ TOP_LEVEL = frozenset(
 DTYPES = ("bfloat16", "float16", "float32")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 IsLocal = Callable[[str], bool]
-
-
-@dataclass(frozen=True)
-class Input:
-    """One model a config merges, as written at `field`."""
-
-    field: str  # models.1 or slices.0.sources.1
-    source: str  # a Layerswap source: a local path, or hf://org/name[@revision]
-    parameters: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Slice:
-    field: str  # slices.2
-    inputs: list[Input]
-    layer_range: tuple[int, int]
-    parameters: dict[str, Any]
-    base: Input | None  # the slice's own base_model
-
-
-@dataclass
-class MergekitConfig:
-    method: str
-    inputs: list[Input]  # models, or the one slice's sources; [] for a passthrough's slices
-    slices: list[Slice] | None  # as written, when the config has `slices`
-    base: Input | None  # base_model; its parameters are those it is listed with, if it is
-    shared: list[Place] = field(default_factory=list)  # parameter blocks, most specific first
-    warnings: list[str] = field(default_factory=list)
-    depth: tuple[str, int] | None = None  # (field, layers) a whole-model slice spans
-    base_field: str = "base_model"  # where the base was named
-
-    def shared_chain(self, name: str, convert: Convert, default: Any = None) -> list[Condition]:
-        """A parameter that takes one value for all the models (its per-model ones ignored)."""
-        return chain(self._places(name, None), convert, default)
-
-    def model_chain(
-        self, model: Input, name: str, convert: Convert, default: Any = None
-    ) -> list[Condition]:
-        """A parameter set per model: the model's own, then its slice's, then the config's."""
-        return chain(self._places(name, model), convert, default)
-
-    def _places(self, name: str, model: Input | None) -> list[Place]:
-        own = [] if model is None else [(f"{model.field}.parameters", model.parameters)]
-        return [Place(f"{where}.{name}", block[name]) for where, block in own + self.shared_blocks
-                if name in block]  # fmt: skip
-
-    @property
-    def shared_blocks(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(p.field, p.raw) for p in self.shared]
-
-    def is_base(self, model: Input) -> bool:
-        return self.base is not None and model.source == self.base.source
 
 
 def read(data: Any, is_local: IsLocal) -> MergekitConfig:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import RecipeError
-from engine.mergekit.config import IsLocal, MergekitConfig, mapping, model_source
+from engine.mergekit.config import IsLocal, mapping, model_source
 from engine.methods import METHODS as ENGINE_METHODS
 from engine.schema.parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
+from engine.translation.config import MergekitConfig
 
 # Where the engine's vocabulary rules stop being mergekit's: tokens the copied model lacks.
 PASSTHROUGH_ROWS = (

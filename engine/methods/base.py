@@ -10,8 +10,10 @@ from engine.errors import RecipeError
 from engine.io.checkpoint import Checkpoint
 from engine.plan.model import InputRef, Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.progress import CancelCheck
+from engine.schema.params import Param, describe
 from engine.schema.parts import RecipeBase, Strict
 from engine.schema.settings import Condition, Setting, Switch, SwitchCondition
+from engine.translation.translators import Translation
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
@@ -127,19 +129,31 @@ def _has_gradient(setting: Setting | Switch) -> bool:
 
 @dataclass(frozen=True)
 class Method:
-    """Everything the product knows of one merge method, declared once in its module."""
+    """Everything the product knows of one merge method, declared once in its module. What is
+    derived from it (the recipe schema, the API's request schema, GET /v1/methods, the docs'
+    table, the model card, sweep baselines, the mergekit front end) reads engine.methods.METHODS
+    when it is built or asked, so registering a method is all it takes."""
 
     name: str  # the recipe's `method`
     recipe: type[RecipeBase]  # its schema, with `method: Literal[name]`
-    params: type[Strict]  # its `params`, listed by GET /v1/methods
+    params: type[Strict]  # its `params`, described per param by GET /v1/methods and the docs
     plan: Callable[[Any, Inputs], MethodPlan]  # (recipe, inputs) -> per-tensor rule
     summary: str  # one line for GET /v1/methods and the CLI
+    formula: str  # the result per tensor, for GET /v1/methods and the docs' table
     title: str  # the model card's "made with Layerswap by <title>"
     tags: tuple[str, ...]  # the model card's Hub tags
     base: Literal["required", "optional", "unused"]
     inputs: Literal["models", "experts"] = "models"
+    # kept: the output has the inputs' layers, each tensor merged from theirs; restacked: its
+    # layers are the inputs' layers stacked anew (mergekit's slices), copied.
+    layer_stack: Literal["kept", "restacked"] = "kept"
     # Runs on a sweep's (task, language) pair as `models` with params alone (a sweep baseline).
     pair_baseline: bool = True
     # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
     # rule (engine/vocabulary/alignment.py), whatever the recipe's `base`.
     first_model_is_base: bool = False
+    mergekit: Translation | None = None  # the mergekit methods it translates
+
+    def parameters(self) -> tuple[Param, ...]:
+        """Each of its params: type, default, bounds, per model, varying by layer."""
+        return describe(self.params)

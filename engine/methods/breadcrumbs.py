@@ -11,7 +11,7 @@ edges of the kept range have the same |δ|. No randomness: the result is determi
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,13 +21,17 @@ from engine.methods.sparsify import (
     SparsifyParams,
     SparsifyRecipe,
     sparsify_method,
+    sparsifying_translation,
 )
+from engine.schema.params import Range
+
+GAMMA = {"gamma": 0.01}  # mergekit's default
 
 
 class BreadcrumbsParams(SparsifyParams):
     AMOUNTS: ClassVar[tuple[str, ...]] = ("density", "gamma")
 
-    gamma: PerModel = Field(
+    gamma: Annotated[PerModel, Range(0, 1, high_open=True)] = Field(
         0.01,
         description=f"fraction of the largest |delta| entries dropped, in [0, 1): {PER_MODEL_HELP}",
     )
@@ -55,8 +59,10 @@ BREADCRUMBS = sparsify_method(
     consensus=False,
     summary="drop the largest and smallest delta entries, add the weighted deltas "
     "(Davari & Belilovsky 2024)",
+    formula="base + λ·Σ wᵢ·crumbs(δᵢ) (÷ Σ wᵢ with normalize), δᵢ = Tᵢ − base",
     title="Model Breadcrumbs",
     tags=("breadcrumbs",),
+    mergekit=sparsifying_translation("breadcrumbs", normalize=False, rescale=False, amounts=GAMMA),
 )
 BREADCRUMBS_TIES = sparsify_method(
     name="breadcrumbs_ties",
@@ -65,6 +71,10 @@ BREADCRUMBS_TIES = sparsify_method(
     dropping="outliers",
     consensus=True,
     summary="drop the largest and smallest delta entries, elect sign, merge",
+    formula="base + λ·TIES-merge of wᵢ·crumbs(δᵢ), δᵢ = Tᵢ − base",
     title="Model Breadcrumbs with TIES sign consensus",
     tags=("breadcrumbs", "ties"),
+    mergekit=sparsifying_translation(
+        "breadcrumbs_ties", normalize=False, rescale=False, amounts=GAMMA
+    ),
 )

@@ -19,6 +19,7 @@ from engine.methods.sparsify import (
     SparsifyParams,
     SparsifyRecipe,
     sparsify_method,
+    sparsifying_translation,
 )
 
 SEED_HELP = "of the random drops: the same seed gives the same bytes"
@@ -53,8 +54,10 @@ DARE_TIES = sparsify_method(
     dropping="random",
     consensus=True,
     summary="drop delta entries at random, rescale, elect sign, merge (Yu et al. 2024)",
+    formula="base + λ·TIES-merge of wᵢ·DARE(δᵢ), δᵢ = Tᵢ − base",
     title="DARE with TIES sign consensus",
     tags=("dare", "ties"),
+    mergekit=sparsifying_translation("dare_ties", normalize=False, rescale=True, random=True),
 )
 DARE_LINEAR = sparsify_method(
     name="dare_linear",
@@ -63,6 +66,8 @@ DARE_LINEAR = sparsify_method(
     dropping="random",
     consensus=False,
     summary="drop delta entries at random, rescale, add the weighted deltas (Yu et al. 2024)",
+    formula="base + λ·Σ wᵢ·DARE(δᵢ) (÷ Σ wᵢ with normalize), δᵢ = Tᵢ − base",
     title="DARE (linear)",
     tags=("dare",),
+    mergekit=sparsifying_translation("dare_linear", normalize=False, rescale=True, random=True),
 )

@@ -12,7 +12,7 @@ density ± epsilon must lie in (0, 1) wherever density < 1.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -27,17 +27,20 @@ from engine.methods.sparsify import (
     SparsifyRecipe,
     per_model,
     sparsify_method,
+    sparsifying_translation,
     spread_fits,
 )
 from engine.plan.model import Thinning
+from engine.schema.params import Range
 
 RESCALE_HELP = "scale each thinned delta back to its original L1 norm"
+EPSILON = {"epsilon": 0.15}  # mergekit's default
 
 
 class DellaParams(SparsifyParams):
     AMOUNTS: ClassVar[tuple[str, ...]] = ("density", "epsilon")
 
-    epsilon: PerModel = Field(
+    epsilon: Annotated[PerModel, Range(0, 0.5, high_open=True)] = Field(
         0.15,
         description="keep probabilities span density ± epsilon by magnitude rank, in [0, 0.5): "
         + PER_MODEL_HELP,
@@ -93,8 +96,12 @@ DELLA = sparsify_method(
     consensus=True,
     summary="drop delta entries at random, larger ones less often, rescale, elect sign, merge "
     "(Deep et al. 2024)",
+    formula="base + λ·TIES-merge of wᵢ·MagPrune(δᵢ), δᵢ = Tᵢ − base",
     title="DELLA",
     tags=("della",),
+    mergekit=sparsifying_translation(
+        "della", normalize=True, rescale=True, amounts=EPSILON, random=True
+    ),
 )
 DELLA_LINEAR = sparsify_method(
     name="della_linear",
@@ -104,6 +111,10 @@ DELLA_LINEAR = sparsify_method(
     consensus=False,
     summary="drop delta entries at random, larger ones less often, rescale, add the weighted "
     "deltas (Deep et al. 2024)",
+    formula="base + λ·Σ wᵢ·MagPrune(δᵢ) (÷ Σ wᵢ with normalize), δᵢ = Tᵢ − base",
     title="DELLA (linear)",
     tags=("della",),
+    mergekit=sparsifying_translation(
+        "della_linear", normalize=False, rescale=True, amounts=EPSILON, random=True
+    ),
 )

@@ -193,6 +193,9 @@ METHOD = Method(
     params=LayerSwapParams,
     plan=plan_layer_swap,
     summary="bottom/top layers from the language expert, the middle from the task expert",
+    formula="layers [0, bottom) and [L − top, L): the language experts' soup; the transition "
+    "layers next to them: w_task·task soup + w_language·language soup; the layers between: "
+    "the task experts' soup; other tensors: per non_layer and towers",
     title="layer swapping (Bandarkar et al., 2025, arXiv:2410.01335)",
     tags=("layer-swapping",),
     base="optional",

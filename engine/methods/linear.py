@@ -7,13 +7,14 @@ Each weight may vary by layer (a gradient) or by tensor name (filters), as merge
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan.model import Op, Term
+from engine.schema.params import ONE_PER_MODEL
 from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
@@ -21,11 +22,20 @@ from engine.schema.parts import (
     Strict,
 )
 from engine.schema.settings import Setting, position, resolve
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    models_with_base,
+    read_parameters,
+)
 
 
 class LinearParams(Strict):
     weights: (
-        Literal["uniform"] | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS)]
+        Literal["uniform"]
+        | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS), ONE_PER_MODEL]
     ) = Field(
         "uniform",
         description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
@@ -81,13 +91,31 @@ def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
     )
 
 
+def translate_linear(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    """Every model mergekit merges, a base not among them included; weights as written."""
+    models = models_with_base(config)
+    if len(models) < 2:
+        raise RecipeError.for_field("models", "Layerswap's linear takes at least two models")
+    return {"models": [m.source for m in models],
+            "params": read_parameters(config, translation, models)}  # fmt: skip
+
+
 METHOD = Method(
     name="linear",
     recipe=LinearRecipe,
     params=LinearParams,
     plan=plan_linear,
     summary="mergekit's linear: Σ w_i T_i (÷ Σ w_i with normalize)",
+    formula="Σ wᵢ·Tᵢ, ÷ Σ wᵢ with normalize",
     title="a linear merge (weighted sum, as mergekit's linear)",
     tags=("linear",),
     base="unused",
+    mergekit=Translation(
+        names=("linear",),
+        translate=translate_linear,
+        parameters=(
+            Parameter("weight", per_model=True, into="weights"),
+            Parameter("normalize", True, convert=flag, into="normalize", varies=False),
+        ),
+    ),
 )

@@ -9,7 +9,7 @@ out = t · (Σ Tᵢ) / N + (1 − t) · base. The angles are found by angle_torc
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -18,6 +18,14 @@ from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan.model import Op, Term
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
 from engine.schema.settings import Switch, position, resolve_switch
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    read_parameters,
+    task_vectors,
+)
 
 
 class ModelStockParams(Strict):
@@ -57,6 +65,16 @@ def plan_model_stock(recipe: ModelStockRecipe, inputs: Inputs) -> MethodPlan:
     return MethodPlan(rule=rule, config_input=base, tokenizer_input=base)
 
 
+def translate_model_stock(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    base, models = task_vectors(config)
+    if len(models) < 2:
+        raise RecipeError.for_field(
+            "models", "mergekit's model_stock takes at least two models besides the base"
+        )
+    return {"base": base.source, "models": [m.source for m in models],
+            "params": read_parameters(config, translation, models)}  # fmt: skip
+
+
 METHOD = Method(
     name="model_stock",
     recipe=ModelStockRecipe,
@@ -64,7 +82,14 @@ METHOD = Method(
     plan=plan_model_stock,
     summary="mergekit's model_stock: the models' average, pulled to the base by the angle "
     "between their task vectors",
+    formula="per vector v: t·(Σ Tᵢ,v)/N + (1 − t)·base_v, t = N cos θ / (1 + (N−1) cos θ), "
+    "θ the mean angle between the task vectors",
     title="Model Stock (as mergekit's model_stock)",
     tags=("model_stock",),
     base="required",
+    mergekit=Translation(
+        names=("model_stock",),
+        translate=translate_model_stock,
+        parameters=(Parameter("filter_wise", False, convert=flag, into="filter_wise"),),
+    ),
 )

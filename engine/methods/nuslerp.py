@@ -12,26 +12,36 @@ tensor name, as mergekit's do.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan.model import Op, Term
+from engine.schema.params import ONE_PER_MODEL
 from engine.schema.parts import ModelsRecipe, Source, Strict, check_base_apart
 from engine.schema.settings import Setting, Switch, position, resolve, resolve_switch
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    read_parameters,
+    require_base,
+)
 
 ZERO_TOTAL = 1e-6  # weights summing closer to zero than this interpolate halfway, as mergekit
 
 
 class NuslerpParams(Strict):
-    weights: Literal["uniform"] | Annotated[list[Setting], Field(min_length=2, max_length=2)] = (
-        Field(
-            "uniform",
-            description="one per model (mergekit's weight), t = w1 / (w0 + w1); uniform = 1.0 "
-            "each: a number, a gradient across layers, or {filter, value}s",
-        )
+    weights: (
+        Literal["uniform"]
+        | Annotated[list[Setting], Field(min_length=2, max_length=2), ONE_PER_MODEL]
+    ) = Field(
+        "uniform",
+        description="one per model (mergekit's weight), t = w1 / (w0 + w1); uniform = 1.0 "
+        "each: a number, a gradient across layers, or {filter, value}s",
     )
     nuslerp_flatten: Switch = Field(
         True, description="one angle for the whole tensor; false: one per row or column"
@@ -102,6 +112,21 @@ def plan_nuslerp(recipe: NuslerpRecipe, inputs: Inputs) -> MethodPlan:
     )
 
 
+def translate_nuslerp(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    """Two models besides an optional base (then of their task vectors); `weight` per model,
+    as written; the switches shared, with mergekit's defaults."""
+    models = [m for m in config.inputs if not config.is_base(m)]
+    if len(models) != 2:
+        raise RecipeError.for_field(
+            "models", f"mergekit's nuslerp takes two models besides the base (got {len(models)})"
+        )
+    params = read_parameters(config, translation, models)
+    translated = {"models": [m.source for m in models], "params": params}
+    if config.base is not None:  # a slice's sources must hold it, as mergekit checks
+        translated["base"] = require_base(config).source
+    return translated
+
+
 METHOD = Method(
     name="nuslerp",
     recipe=NuslerpRecipe,
@@ -109,7 +134,19 @@ METHOD = Method(
     plan=plan_nuslerp,
     summary="mergekit's nuslerp: slerp of two models (or their task vectors) by weight, "
     "per tensor, row or column",
+    formula="per vector v: (sin((1−t)θ)·A_v + sin(tθ)·B_v) / sin θ, t = w₁/(w₀+w₁), "
+    "A = T₀ (− base), B = T₁ (− base); + base",
     title="spherical interpolation by weight (mergekit's NuSLERP)",
     tags=("nuslerp", "slerp"),
     base="optional",
+    mergekit=Translation(
+        names=("nuslerp",),
+        translate=translate_nuslerp,
+        parameters=(
+            Parameter("weight", per_model=True, into="weights"),
+            Parameter("nuslerp_flatten", True, convert=flag, into="nuslerp_flatten"),
+            Parameter("nuslerp_row_wise", False, convert=flag, into="nuslerp_row_wise"),
+        ),
+        base_takes_per_model=False,
+    ),
 )

@@ -9,7 +9,7 @@ count rewritten. Nothing is computed: every tensor is a whole-file-range copy.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -25,6 +25,9 @@ from engine.schema.parts import (
     Source,
     Strict,
 )
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import Place, chain, constant, number
+from engine.translation.translators import Parameter, Translation
 
 
 class LayerSource(Strict):
@@ -156,14 +159,51 @@ def plan_passthrough(recipe: PassthroughRecipe, inputs: Inputs) -> MethodPlan:
     )
 
 
+def translate_passthrough(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    """The config's slices as written, one source each; `scale` only as 1."""
+    if config.slices is None:
+        raise RecipeError.for_field("models", "Layerswap's passthrough takes slices, not models")
+    if config.base is not None:
+        config.warnings.append("base_model: passthrough merges no base; ignored")
+    slices = []
+    for piece in config.slices:
+        if len(piece.inputs) != 1:
+            raise RecipeError.for_field(
+                f"{piece.field}.sources", "mergekit's passthrough takes one source per slice"
+            )
+        (source,) = piece.inputs
+        places = [
+            (f"{source.field}.parameters", source.parameters),
+            (f"{piece.field}.parameters", piece.parameters),
+            *config.shared_blocks,
+        ]
+        scale = chain([Place(f"{w}.scale", b["scale"]) for w, b in places if "scale" in b], number)
+        if scale and constant(scale, "Layerswap's passthrough copies layers", missing="") != 1.0:
+            raise RecipeError.for_field(scale[0].field, "Layerswap's passthrough does not scale")
+        slices.append(
+            {"sources": [{"model": source.source, "layer_range": list(piece.layer_range)}]}
+        )
+    models = list(dict.fromkeys(s["sources"][0]["model"] for s in slices))
+    return {"models": models, "params": {"slices": slices}}
+
+
 METHOD = Method(
     name="passthrough",
     recipe=PassthroughRecipe,
     params=PassthroughParams,
     plan=plan_passthrough,
     summary="layers of the models stacked by slices into a deeper or shallower model (mergekit's)",
+    formula="layer k of the output = layer j of model m, the k-th of the layers the slices "
+    "list (each [a, b) of its model m), copied",
     title="a passthrough merge (layers of the inputs stacked, as mergekit's slices)",
     tags=("passthrough", "frankenmerge"),
     base="unused",
+    layer_stack="restacked",
     pair_baseline=False,
+    # mergekit's scale (unset: none) multiplies a copied tensor; Layerswap takes only 1
+    mergekit=Translation(
+        names=("passthrough",),
+        translate=translate_passthrough,
+        parameters=(Parameter("scale", None, per_model=True),),
+    ),
 )

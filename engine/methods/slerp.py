@@ -8,7 +8,7 @@ out = sin((1 − t)θ)/sin θ · a + sin(tθ)/sin θ · b, or (1 − t)·a + t·
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,14 @@ from engine.schema.parts import (
     Strict,
 )
 from engine.schema.settings import Setting, position, resolve
+from engine.translation.config import MergekitConfig
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    models_with_base,
+    read_parameters,
+    require_base,
+)
 
 
 class SlerpParams(Strict):
@@ -59,14 +67,31 @@ def plan_slerp(recipe: SlerpRecipe, inputs: Inputs) -> MethodPlan:
     )
 
 
+def translate_slerp(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    """mergekit's base_model first (t = 0), the one other model second."""
+    base = require_base(config)
+    others = [m for m in models_with_base(config) if not config.is_base(m)]
+    if len(others) != 1:
+        raise RecipeError.for_field(
+            "models",
+            f"mergekit's slerp takes the base and one other model (got {len(others)} others)",
+        )
+    return {"models": [base.source, others[0].source],
+            "params": read_parameters(config, translation, [])}  # fmt: skip
+
+
 METHOD = Method(
     name="slerp",
     recipe=SlerpRecipe,
     params=SlerpParams,
     plan=plan_slerp,
     summary="spherical interpolation of two models by t, per tensor",
+    formula="sin((1−t)θ)/sin θ·T₀ + sin(tθ)/sin θ·T₁, θ the angle between T₀ and T₁",
     title="spherical linear interpolation (SLERP)",
     tags=("slerp",),
     base="unused",
     first_model_is_base=True,
+    mergekit=Translation(
+        names=("slerp",), translate=translate_slerp, parameters=(Parameter("t", into="t"),)
+    ),
 )

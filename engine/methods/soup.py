@@ -67,6 +67,7 @@ METHOD = Method(
     params=SoupParams,
     plan=plan_soup,
     summary="weighted average of checkpoints",
+    formula="Σ wᵢ·Tᵢ, the weights normalised to sum 1",
     title="a model soup (weighted average)",
     tags=("model-soup",),
     base="optional",

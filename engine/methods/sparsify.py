@@ -18,7 +18,7 @@ Weights and the per-model amounts (density, gamma, epsilon) may vary by layer or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -27,33 +27,37 @@ from pydantic import ConfigDict, Field, model_validator
 from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan.model import Dropping, Op, SparsifySettings, Term, Thinning
+from engine.schema.params import ONE_PER_MODEL, Range, bounds
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
 from engine.schema.settings import Condition, Setting, position, resolve
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    fraction,
+    translate_task_vectors,
+)
 
-PerModel = float | Annotated[list[Setting], Field(min_length=1, max_length=MAX_MODELS)]
+PerModelSettings = Annotated[
+    list[Setting], Field(min_length=1, max_length=MAX_MODELS), ONE_PER_MODEL
+]
+PerModel = float | PerModelSettings
 PER_MODEL_HELP = "one number for every model, or a list with one setting per model"
-# The values each per-model amount may take (every number a setting names is checked).
-RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "density": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
-    "gamma": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "epsilon": (lambda v: 0.0 <= v < 0.5, "in [0, 0.5)"),
-}
 MAX_SEED = 2**63 - 1
 
 
 class SparsifyParams(Strict):
     model_config = ConfigDict(populate_by_name=True)
-    # The per-model amounts besides the weights, each a field of this name (RANGES).
+    # The per-model amounts besides the weights, each a field of this name with its Range.
     AMOUNTS: ClassVar[tuple[str, ...]] = ("density",)
 
-    weights: (
-        Literal["uniform"] | Annotated[list[Setting], Field(min_length=1, max_length=MAX_MODELS)]
-    ) = Field(
+    weights: Literal["uniform"] | PerModelSettings = Field(
         "uniform",
         description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
         "or {filter, value}s",
     )
-    density: PerModel = Field(
+    density: Annotated[PerModel, Range(0, 1, low_open=True)] = Field(
         0.5, description=f"fraction of each delta kept, in (0, 1]: {PER_MODEL_HELP}"
     )
     lambda_: Setting = Field(1.0, alias="lambda", description="scale of the merged delta")
@@ -80,11 +84,12 @@ class SparsifyParams(Strict):
                     f"params.{amount} has {len(value)} entries for {models} models "
                     f"({PER_MODEL_HELP})"
                 )
-            allowed, expected = RANGES[amount]
+            allowed = bounds(type(self).model_fields[amount])
+            assert allowed is not None  # each amount is declared with its Range
             for setting, field in per_model(value, f"params.{amount}", models):
                 for number in numbers(setting):
-                    if not allowed(number):
-                        raise ValueError(f"{field} must be {expected} (got {number})")
+                    if number not in allowed:
+                        raise ValueError(f"{field} must be in {allowed} (got {number})")
 
     def check_tensor(self, thinning: Thinning, fields: dict[str, list[str]], name: str) -> None:
         """Raise RecipeError for amounts that do not fit together on one tensor."""
@@ -195,8 +200,10 @@ def sparsify_method(
     dropping: Dropping,
     consensus: bool,
     summary: str,
+    formula: str,
     title: str,
     tags: tuple[str, ...],
+    mergekit: Translation,
 ) -> Method:
     return Method(
         name=name,
@@ -204,10 +211,50 @@ def sparsify_method(
         params=params,
         plan=partial(plan_sparsify, dropping=dropping, consensus=consensus),
         summary=summary,
+        formula=formula,
         title=title,
         tags=tags,
         base="required",
+        mergekit=mergekit,
     )
+
+
+def sparsifying_translation(
+    name: str,
+    *,
+    normalize: bool,
+    rescale: bool,
+    amounts: dict[str, float] | None = None,
+    random: bool = False,
+) -> Translation:
+    """mergekit's `name`, with its defaults for normalize and rescale and the amounts it takes
+    per model beside weight and density (with theirs): weights and amounts per model, as
+    written (gradients and filters), the switches shared; mergekit's density defaults to 1."""
+    amounts = amounts or {}
+    return Translation(
+        names=(name,),
+        translate=_translate_random if random else translate_task_vectors,
+        parameters=(
+            Parameter("weight", per_model=True, into="weights"),
+            Parameter("density", 1.0, per_model=True, convert=fraction, into="density"),
+            *(Parameter(a, default, per_model=True, into=a) for a, default in amounts.items()),
+            Parameter("lambda", 1.0, into="lambda"),
+            Parameter("normalize", normalize, convert=flag, into="normalize", varies=False),
+            Parameter("rescale", rescale, convert=flag, into="rescale", varies=False),
+            Parameter("int8_mask", False, convert=flag),
+        ),
+        base_takes_per_model=False,
+    )
+
+
+def _translate_random(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    translated = translate_task_vectors(config, translation)
+    config.warnings.append(
+        f"{config.method}'s drops are random: mergekit draws them from torch's generator, "
+        "Layerswap from the recipe's seed (0), the same each time; the two agree in "
+        "distribution, not entry by entry"
+    )
+    return translated
 
 
 def spread_fits(density: float, epsilon: float) -> bool:

@@ -7,12 +7,13 @@ scaled by λ, added to the base.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan
 from engine.plan.model import Op, Term, TiesSettings
+from engine.schema.params import ONE_PER_MODEL
 from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
@@ -20,13 +21,21 @@ from engine.schema.parts import (
     Strict,
     check_weights,
 )
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    set_anywhere,
+    translate_task_vectors,
+)
 
 
 class TaskArithmeticParams(Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
-        "uniform", description="uniform = 1.0 each"
-    )
+    weights: (
+        Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
+    ) = Field("uniform", description="uniform = 1.0 each")
     lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
     normalize: bool = Field(
         False, description="divide the summed task vectors by Σ w (unless it is about 0)"
@@ -65,13 +74,39 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
     )
 
 
+def translate_task_arithmetic(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    translated = translate_task_vectors(config, translation)
+    for name in ("density", "rescale"):
+        for where in set_anywhere(config, name):
+            config.warnings.append(
+                f"{where}: mergekit's task_arithmetic does not sparsify, so ignores it; ignored"
+            )
+    return translated
+
+
 METHOD = Method(
     name="task_arithmetic",
     recipe=TaskArithmeticRecipe,
     params=TaskArithmeticParams,
     plan=plan_task_arithmetic,
     summary="base + λ Σ w_i (T_i − base)",
+    formula="base + λ Σ wᵢ (Tᵢ − base), ÷ Σ wᵢ inside with normalize",
     title="task arithmetic",
     tags=("task-arithmetic",),
     base="required",
+    mergekit=Translation(
+        names=("task_arithmetic",),
+        translate=translate_task_arithmetic,
+        # mergekit's generalized task arithmetic takes density and rescale here too, and
+        # ignores them: nothing is sparsified
+        parameters=(
+            Parameter("weight", per_model=True, into="weights", varies=False),
+            Parameter("density", 1.0, per_model=True),
+            Parameter("lambda", 1.0, into="lambda", varies=False),
+            Parameter("normalize", False, convert=flag, into="normalize", varies=False),
+            Parameter("rescale", False, convert=flag),
+            Parameter("int8_mask", False, convert=flag),
+        ),
+        base_takes_per_model=False,
+    ),
 )

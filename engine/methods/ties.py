@@ -8,12 +8,14 @@ entries (0 → 1); out = base + λ·sum. The arithmetic lives in torch_kernels.p
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
+from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan
 from engine.plan.model import Op, Term, TiesSettings
+from engine.schema.params import ONE_PER_MODEL
 from engine.schema.parts import (
     MAX_MODELS,
     ModelsRecipe,
@@ -21,13 +23,21 @@ from engine.schema.parts import (
     Strict,
     check_weights,
 )
+from engine.translation.config import Input, MergekitConfig
+from engine.translation.settings import constant, flag, number
+from engine.translation.translators import (
+    Parameter,
+    Translation,
+    read_parameter,
+    task_vectors,
+)
 
 
 class TiesParams(Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS)] = Field(
-        "uniform", description="uniform = 1.0 each"
-    )
+    weights: (
+        Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
+    ) = Field("uniform", description="uniform = 1.0 each")
     density: float = Field(0.5, gt=0, le=1, description="fraction of each delta kept")
     lambda_: float = Field(1.0, alias="lambda", description="scale of the merged delta")
     normalize: bool = True
@@ -64,13 +74,72 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
     )
 
 
+def translate_ties(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
+    """One positive weight per model, one density for all, no rescale."""
+    base, models = task_vectors(config)
+    weights = read_parameter(config, translation, "weight", models)
+    for model, weight in zip(models, weights, strict=True):
+        if weight <= 0:
+            raise RecipeError.for_field(
+                f"{model.field}.parameters.weight",
+                f"{weight}: Layerswap's ties takes positive weights",
+            )
+    density = _density(config, models, translation.parameter("density").default)
+    if read_parameter(config, translation, "rescale"):
+        raise RecipeError.for_field("parameters.rescale", "Layerswap's ties does not rescale")
+    if density < 1:
+        config.warnings.append(
+            f"density {density}: Layerswap's ties keeps the ⌈density·n⌉ largest entries of each "
+            "delta, mergekit ⌊density·n⌋ (at least 1): one entry more where density·n is fractional"
+        )
+    params = {"weights": weights, "density": density,
+              "lambda": read_parameter(config, translation, "lambda"),
+              "normalize": read_parameter(config, translation, "normalize")}  # fmt: skip
+    return {"base": base.source, "models": [m.source for m in models], "params": params}
+
+
+def _density(config: MergekitConfig, models: list[Input], default: float) -> float:
+    found: list[tuple[str, float]] = []
+    for model in models:
+        value = float(constant(
+            config.model_chain(model, "density", number, default),
+            "Layerswap's ties takes one density",
+            missing=f"{model.field}.parameters.density",
+        ))  # fmt: skip
+        where = f"{model.field}.parameters.density"
+        if value <= 0:
+            raise RecipeError.for_field(where, f"{value}: must be above 0")
+        found.append((where, min(value, 1.0)))  # mergekit keeps every entry from 1 up
+        if found[-1][1] != found[0][1]:
+            raise RecipeError.for_field(
+                where, "per-model densities differ; Layerswap's ties takes one density"
+            )
+    return found[0][1]
+
+
 METHOD = Method(
     name="ties",
     recipe=TiesRecipe,
     params=TiesParams,
     plan=plan_ties,
     summary="trim, elect sign, disjoint merge (Yadav et al. 2023)",
+    formula="base + λ·Σ wᵢ·δᵢ over the entries whose sign agrees with the elected sign of "
+    "Σ wᵢ·δᵢ, δᵢ = Tᵢ − base trimmed to its ⌈density·n⌉ largest |δᵢ| (÷ the agreeing Σ wᵢ "
+    "with normalize)",
     title="TIES merging",
     tags=("ties",),
     base="required",
+    mergekit=Translation(
+        names=("ties",),
+        translate=translate_ties,
+        parameters=(
+            Parameter("weight", per_model=True, into="weights", varies=False),
+            Parameter("density", 1.0, per_model=True, into="density", varies=False),
+            Parameter("lambda", 1.0, into="lambda", varies=False),
+            Parameter("normalize", True, convert=flag, into="normalize", varies=False),
+            Parameter("rescale", False, convert=flag, varies=False),
+            Parameter("int8_mask", False, convert=flag),
+        ),
+        base_takes_per_model=False,
+    ),
 )

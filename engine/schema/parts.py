@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.schema.params import ONE_PER_MODEL
 from engine.schema.settings import Setting
 
 __all__ = ["Setting"]
@@ -41,7 +42,10 @@ TOKENIZER_BASE, TOKENIZER_UNION, TOKENIZER_MODEL_PREFIX = "base", "union", "mode
 MAX_EXPERTS_PER_ROLE = 32
 MAX_MODELS = 64
 MAX_SLICES = 256  # each is a run of layers; MAX_LAYERS bounds their total at plan time
-Weights = Literal["uniform", "magnitude"] | Annotated[list[float], Field(max_length=MAX_MODELS)]
+Weights = (
+    Literal["uniform", "magnitude"]
+    | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
+)
 
 
 class Strict(BaseModel):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import json
 import re
 import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -47,6 +49,7 @@ from service.schemas import (
     MergekitMerge,
     MergeRequest,
     job_read,
+    merge_request,
     published_view,
     view_json,
 )
@@ -151,17 +154,35 @@ EXAMPLE_MERGEKIT = {
 }
 
 
-@router.post("", status_code=202, response_model=JobRead)
-async def submit_merge(
-    body: Annotated[
-        MergeRequest,
+def submit_router() -> APIRouter:
+    """POST /v1/merges, its body the recipe schemas of the methods registered when the app is
+    made (service/schemas.py's merge_request)."""
+    body: Any = Annotated[
+        merge_request(),
         Body(
             openapi_examples={
                 "layer_swap": {"summary": "layer swap", "value": EXAMPLE_REQUEST},
                 "mergekit": {"summary": "a mergekit config", "value": EXAMPLE_MERGEKIT},
             }
         ),
-    ],
+    ]
+    signature = inspect.signature(submit_merge, eval_str=True)
+    parameters = [p.replace(annotation=body) if p.name == "body" else p
+                  for p in signature.parameters.values()]  # fmt: skip
+
+    @functools.wraps(submit_merge)
+    async def submit(*args: Any, **kwargs: Any) -> Response:
+        return await submit_merge(*args, **kwargs)
+
+    # FastAPI reads each parameter's type from the signature: the body's is the one made here.
+    submit.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    made = APIRouter(prefix="/v1/merges", tags=["merges"])
+    made.add_api_route("", submit, methods=["POST"], status_code=202, response_model=JobRead)
+    return made
+
+
+async def submit_merge(
+    body: MergeRequest,
     context: ContextDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,

@@ -11,7 +11,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent, as_utc, utcnow
-from engine.methods import METHODS
+from engine.methods import METHODS, Method
+from engine.schema.params import Range
+from engine.translation.translators import Translation
 from service.api.deps import Context, ContextDep, OperatorDep
 from service.api.errors import error_response, is_database_outage
 
@@ -21,24 +23,57 @@ log = logging.getLogger("layerswap.api")
 
 @router.get("/v1/methods")
 def methods() -> list[dict[str, Any]]:
-    """Merge methods and their parameters, with types, defaults and ranges (JSON Schema). No
-    key needed: like /openapi.json it is made from the code alone (service/app.py)."""
-    listed = []
-    for method in METHODS.values():
-        schema = method.params.model_json_schema(by_alias=True)
-        listed.append(
-            {
-                "method": method.name,
-                "summary": method.summary,
-                "inputs": method.inputs,
-                "base": method.base,
-                "params": schema["properties"],
-                # the params without a default (passthrough's slices): a recipe must give them
-                "required": schema.get("required", []),
-                "definitions": schema.get("$defs", {}),
-            }
-        )
-    return listed
+    """Merge methods and their parameters, with types, defaults and ranges (JSON Schema), each
+    also saying whether it may vary by layer or tensor and whether it is given per model; each
+    method's result per tensor, and the mergekit methods it translates with mergekit's
+    parameters for them. No key needed: like /openapi.json it is made from the code alone
+    (service/app.py)."""
+    return [method_view(method) for method in METHODS.values()]
+
+
+def method_view(method: Method) -> dict[str, Any]:
+    schema = method.params.model_json_schema(by_alias=True)
+    params = schema["properties"]
+    for param in method.parameters():
+        params[param.name] |= {
+            "type_name": param.type,
+            "varies_by_layer": param.varies_by_layer,
+            "per_model": param.per_model,
+            "bounds": _bounds(param.bounds),
+        }
+    return {
+        "method": method.name,
+        "summary": method.summary,
+        "formula": method.formula,
+        "inputs": method.inputs,
+        "base": method.base,
+        "needs_base": method.base == "required",
+        "layer_stack": method.layer_stack,
+        "sweep_baseline": method.pair_baseline,
+        "params": params,
+        # the params without a default (passthrough's slices): a recipe must give them
+        "required": schema.get("required", []),
+        "definitions": schema.get("$defs", {}),
+        "mergekit": _mergekit(method.mergekit) if method.mergekit else None,
+    }
+
+
+def _bounds(found: Range | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {"min": found.low, "max": found.high, "min_exclusive": found.low_open,
+            "max_exclusive": found.high_open, "text": str(found)}  # fmt: skip
+
+
+def _mergekit(translation: Translation) -> dict[str, Any]:
+    """The mergekit methods it translates, and mergekit's parameters for them: per model or
+    shared, mergekit's default, and the param of the recipe each becomes (null: none)."""
+    parameters = [
+        {"name": p.name, "per_model": p.per_model, "required": p.required,
+         "default": None if p.required else p.default, "into": p.into}
+        for p in translation.parameters
+    ]  # fmt: skip
+    return {"methods": list(translation.names), "parameters": parameters}
 
 
 @router.get("/healthz")

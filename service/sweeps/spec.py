@@ -91,7 +91,17 @@ def short_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
-BASELINE_METHODS = tuple(name for name, m in METHODS.items() if m.pair_baseline)
+def baseline_methods() -> tuple[str, ...]:
+    """The registered methods a sweep may run as a baseline: those that run on a pair."""
+    return tuple(name for name, m in METHODS.items() if m.pair_baseline)
+
+
+def _list_baseline_methods(schema: dict[str, Any]) -> None:
+    """The schema's description names the baselines registered when it is made."""
+    schema["description"] = f"{BASELINE_HELP}: {', '.join(baseline_methods())}"
+
+
+BASELINE_HELP = "experts, or a method that runs on a pair with params alone"
 
 
 MAX_BASELINE_POINTS = 64  # merges one baseline's space expands to, per pair
@@ -102,10 +112,7 @@ class Baseline(_Strict):
     `space` lists values for some of the method's params: the baseline runs once per point of
     their product, each point on top of `params` (e.g. TIES at three densities)."""
 
-    method: str = Field(
-        description="experts, or a method that runs on a pair with params alone: "
-        + ", ".join(BASELINE_METHODS)
-    )
+    method: str = Field(description=BASELINE_HELP, json_schema_extra=_list_baseline_methods)
     params: dict[str, Any] = Field(default_factory=dict, max_length=16)
     space: dict[str, Annotated[list[Any], Field(min_length=1, max_length=16)]] = Field(
         default_factory=dict,
@@ -135,8 +142,8 @@ class Baseline(_Strict):
     @field_validator("method")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value != "experts" and value not in BASELINE_METHODS:
-            raise ValueError(f"must be experts or one of {', '.join(BASELINE_METHODS)}")
+        if value != "experts" and value not in baseline_methods():
+            raise ValueError(f"must be experts or one of {', '.join(baseline_methods())}")
         return value
 
 

@@ -1,4 +1,4 @@
-"""docs/hooks/reference.py, imported by path as MkDocs imports it (docs/ is not a package)."""
+"""docs/hooks/*.py, imported by path as MkDocs imports them (docs/ is not a package)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load() -> ModuleType:
+def load(name: str = "reference") -> ModuleType:
+    """docs/hooks/<name>.py, freshly imported."""
     spec = importlib.util.spec_from_file_location(
-        "layerswap_docs_reference", ROOT / "docs" / "hooks" / "reference.py"
+        f"layerswap_docs_{name}", ROOT / "docs" / "hooks" / f"{name}.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -617,8 +617,37 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert methods["passthrough"]["required"] == ["slices"]
     for method in methods.values():
         assert method["summary"]
+        assert method["formula"]
+        assert method["needs_base"] == (method["base"] == "required")
         for name, schema in method["params"].items():
             assert "default" in schema or name in method["required"], (method["method"], name)
+            assert schema["type_name"] and "per_model" in schema and "bounds" in schema
+
+
+def test_methods_say_how_each_parameter_varies(service: Service) -> None:
+    methods = {m["method"]: m for m in service.client.get("/v1/methods").json()}
+    slerp_t = methods["slerp"]["params"]["t"]
+    assert (slerp_t["type_name"], slerp_t["varies_by_layer"], slerp_t["per_model"]) == (
+        "setting", True, False
+    )  # fmt: skip
+    weights = methods["linear"]["params"]["weights"]
+    assert weights["varies_by_layer"] and weights["per_model"]
+    assert not methods["ties"]["params"]["weights"]["varies_by_layer"]
+    density = methods["dare_ties"]["params"]["density"]
+    assert density["per_model"] and density["bounds"] == {
+        "min": 0, "max": 1, "min_exclusive": True, "max_exclusive": False, "text": "(0, 1]"
+    }  # fmt: skip
+    assert methods["passthrough"]["layer_stack"] == "restacked"
+    assert methods["layer_swap"]["sweep_baseline"] is False
+    assert methods["soup"]["mergekit"] is None
+    mergekit = methods["ties"]["mergekit"]
+    assert mergekit["methods"] == ["ties"]
+    parameters = {p["name"]: p for p in mergekit["parameters"]}
+    assert parameters["weight"] == {
+        "name": "weight", "per_model": True, "required": True, "default": None, "into": "weights"
+    }  # fmt: skip
+    assert parameters["density"]["default"] == 1.0  # mergekit's, not Layerswap's 0.5
+    assert parameters["normalize"]["default"] is True and not parameters["normalize"]["per_model"]
 
 
 def test_probes(service: Service) -> None:
