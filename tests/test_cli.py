@@ -383,3 +383,62 @@ def test_help_lists_every_command_without_loading_them() -> None:
     for name in COMMANDS:  # every entry names a real command of that name
         command = cli.get_command(None, name)  # type: ignore[arg-type]
         assert command is not None and command.name == name
+
+
+@pytest.fixture
+def linear_config(llama: Family, tmp_path: Path) -> Path:
+    """A mergekit config (linear), its models relative to the file as mergekit-yaml reads them."""
+    path = tmp_path / "linear.yml"
+    models = [relative(llama.task, tmp_path), relative(llama.language, tmp_path)]
+    path.write_text(
+        "merge_method: linear\ndtype: float32\nmodels:\n"
+        + "".join(f"  - model: {m}\n    parameters: {{weight: 0.5}}\n" for m in models)
+    )
+    return path
+
+
+def test_merge_takes_mergekit_yamls_positional_output_and_flags(
+    linear_config: Path, tmp_path: Path
+) -> None:
+    """`layerswap merge CONFIG OUT` as `mergekit-yaml CONFIG OUT`, with its common flags: each
+    accepted one says on stderr why it changes nothing here; the result is the --out one's."""
+    flags = ["--copy-tokenizer", "--lazy-unpickle", "--low-cpu-memory", "--out-shard-size", "1B"]
+    proc = layerswap("merge", linear_config, "positional", *flags, "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--copy-tokenizer", "--lazy-unpickle", "--low-cpu-memory", "--out-shard-size"):
+        assert f"note: {flag} (mergekit-yaml's): " in proc.stderr
+    named = layerswap("merge", linear_config, "--out", "named", "-q", cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert "note:" not in named.stderr
+    for name in ("model.safetensors", "config.json"):
+        assert sha256(tmp_path / "positional" / name) == sha256(tmp_path / "named" / name)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["out", "--allow-crimes"], "--allow-crimes: Layerswap merges checkpoints of one arch"),
+        (["out", "--trust-remote-code"], "--trust-remote-code: Layerswap never runs code"),
+        (["out", "--out", "other"], "OUT_PATH or --out, not both"),
+        ([], "missing the output directory: OUT_PATH (or --out)"),
+    ],
+)
+def test_merge_refuses_mergekit_flags_it_cannot_honour(
+    linear_config: Path, tmp_path: Path, args: list[str], says: str
+) -> None:
+    proc = layerswap("merge", linear_config, *args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert says in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "other").exists()
+
+
+def test_merge_cuda_flag_asks_for_the_gpu(linear_config: Path, tmp_path: Path) -> None:
+    """--cuda is honoured as --device cuda: on a machine without one, the device's error."""
+    proc = layerswap("merge", linear_config, "out", "--cuda", cwd=tmp_path)
+    if torch.cuda.is_available():
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "out" / "model.safetensors").is_file()
+    else:
+        assert proc.returncode == 1
+        assert "cuda" in proc.stderr.lower() and "error" in proc.stderr
+        assert not (tmp_path / "out").exists()

@@ -19,6 +19,7 @@ from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
 from engine.schema.user_yaml import load_yaml
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
+from layerswap.cli.mergekit_flags import mergekit_options, take_mergekit_flags
 
 if TYPE_CHECKING:
     from core.hub.fetch import FetchedInputs
@@ -53,7 +54,8 @@ def local_resolver(root: Path) -> Callable[[str], Path]:
 
 @click.command()
 @click.argument("recipe_file", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.argument("out_path", required=False, type=click.Path(path_type=Path, file_okay=False))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -63,17 +65,27 @@ def local_resolver(root: Path) -> Callable[[str], Path]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-fsync", is_flag=True, help="Skip fsync before publishing (faster, less safe).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@mergekit_options
 def merge(
     recipe_file: Path,
-    out_dir: Path,
+    out_path: Path | None,
+    out_dir: Path | None,
     dry_run: bool,
     device: str,
     overwrite: bool,
     no_fsync: bool,
     quiet: bool,
+    **mergekit_flags: object,
 ) -> None:
     """Merge the checkpoints named in RECIPE_FILE (YAML: a Layerswap recipe, or a mergekit
-    config) into --out."""
+    config) into OUT_PATH (or --out), as `mergekit-yaml CONFIG OUT_PATH` does. mergekit-yaml's
+    flags are accepted too: --cuda is --device cuda, the others either change nothing here
+    (a note says why) or are refused with the reason (--allow-crimes, --trust-remote-code)."""
+    cuda, notes = take_mergekit_flags(mergekit_flags)
+    out_dir = _output_path(out_path, out_dir, dry_run=dry_run)
+    device = "cuda" if cuda and device == "cpu" else device
+    for note in notes:
+        click.echo(note, err=True)
     with engine_errors():
         recipe, mergekit = load_recipe_file(recipe_file)
         if recipe.output.mlflow is not None:
@@ -111,6 +123,16 @@ def merge(
         _report(result)
         if recipe.output.hub is not None:
             _publish(result, recipe.output.hub)
+
+
+def _output_path(positional: Path | None, option: Path | None, *, dry_run: bool) -> Path:
+    """OUT_PATH or --out, exactly one (a dry run writes nothing and needs neither)."""
+    if positional is not None and option is not None:
+        raise click.UsageError("give the output directory once: OUT_PATH or --out, not both")
+    chosen = positional or option
+    if chosen is None and not dry_run:
+        raise click.UsageError("missing the output directory: OUT_PATH (or --out)")
+    return chosen or Path(".")
 
 
 def _translated(recipe: Recipe) -> str:
