@@ -33,35 +33,59 @@ def read(data: Any, is_local: IsLocal) -> MergekitConfig:
     method = data.get("merge_method")
     if not isinstance(method, str) or not method:
         raise RecipeError.for_field("merge_method", "required: the name of a mergekit method")
+    shared = [Place("parameters", parameters_of(data.get("parameters"), "parameters"))]
+    layout, prefix = data, ""
     if data.get("modules") is not None:
-        raise RecipeError.for_field("modules", "multi-module configs are not supported")
-    if bool(data.get("models")) == bool(data.get("slices")):
-        raise RecipeError.for_field("models", "give exactly one of models and slices")
+        layout, prefix = _only_module(data), "modules.default."
+        shared.insert(0, Place(f"{prefix}parameters", parameters_of(
+            layout.get("parameters"), f"{prefix}parameters")))  # fmt: skip
+    if bool(layout.get("models")) == bool(layout.get("slices")):
+        raise RecipeError.for_field(f"{prefix}models", "give exactly one of models and slices")
     base = None
     if data.get("base_model") is not None:
         base = Input("base_model", model_source(data["base_model"], "base_model", is_local), {})
-    shared = [Place("parameters", parameters_of(data.get("parameters"), "parameters"))]
     ignored = [f"{key}: not a field of mergekit's config; ignored, as mergekit does"
                for key in data if key not in TOP_LEVEL]  # fmt: skip
     config = MergekitConfig(method, [], None, base, shared, ignored)
-    if data.get("models"):
-        entries = items(data["models"], "models")
-        config.inputs = _distinct(
-            [_input(m, f"models.{i}", is_local) for i, m in enumerate(entries)]
-        )
+    if layout.get("models"):
+        entries = items(layout["models"], f"{prefix}models")
+        config.inputs = _distinct([_input(m, f"{prefix}models.{i}", is_local, config.warnings)
+                                   for i, m in enumerate(entries)])  # fmt: skip
     else:
-        config.slices = [_slice(s, f"slices.{i}", is_local, config.warnings)
-                         for i, s in enumerate(items(data["slices"], "slices"))]  # fmt: skip
+        entries = items(layout["slices"], f"{prefix}slices")
+        config.slices = [_slice(s, f"{prefix}slices.{i}", is_local, config.warnings)
+                         for i, s in enumerate(entries)]  # fmt: skip
     if base is not None:  # listed among the models: its parameters are those given there
         config.base = next((m for m in config.inputs if m.source == base.source), base)
     return config
 
 
-def _input(entry: Any, field: str, is_local: IsLocal, *, slice_source: bool = False) -> Input:
+def _only_module(data: dict[str, Any]) -> dict[str, Any]:
+    """`modules:` naming the one module of a decoder (mergekit calls it `default`): the same
+    as its slices or models at the top. Several modules (a multimodal model's vision tower and
+    projector beside the decoder) are refused: Layerswap merges one stack of layers."""
+    if data.get("models") or data.get("slices"):
+        raise RecipeError.for_field("modules", "give exactly one of models, slices and modules")
+    modules = mapping(data["modules"], "modules")
+    if list(modules) != ["default"]:
+        names = ", ".join(map(str, modules)) or "none"
+        raise RecipeError.for_field(
+            "modules",
+            f"names {names}: Layerswap merges a decoder's one stack of layers, the module "
+            "mergekit calls `default`; a multimodal model's towers are not merged",
+        )
+    module = mapping(modules["default"], "modules.default")
+    if unknown := set(module) - {"slices", "models", "parameters"}:
+        raise RecipeError.for_field(f"modules.default.{sorted(unknown)[0]}", "unknown field")
+    return module
+
+
+def _input(
+    entry: Any, field: str, is_local: IsLocal, warnings: list[str], *, slice_source: bool = False
+) -> Input:
     entry = mapping(entry, field)
     allowed = {"model", "parameters"} | ({"layer_range"} if slice_source else set())
-    if unknown := set(entry) - allowed:
-        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    warnings.extend(_ignored(entry, allowed, field))
     if "model" not in entry:
         raise RecipeError.for_field(f"{field}.model", "required")
     source = model_source(entry["model"], f"{field}.model", is_local)
@@ -70,8 +94,9 @@ def _input(entry: Any, field: str, is_local: IsLocal, *, slice_source: bool = Fa
 
 def _slice(entry: Any, field: str, is_local: IsLocal, warnings: list[str]) -> Slice:
     entry = mapping(entry, field)
-    if unknown := set(entry) - {"sources", "base_model", "residual_weight", "parameters"}:
-        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    warnings.extend(
+        _ignored(entry, {"sources", "base_model", "residual_weight", "parameters"}, field)
+    )
     if entry.get("residual_weight") is not None:
         warnings.append(f"{field}.residual_weight: mergekit 0.1.5 never uses it; ignored")
     base = None
@@ -79,7 +104,7 @@ def _slice(entry: Any, field: str, is_local: IsLocal, warnings: list[str]) -> Sl
         where = f"{field}.base_model"
         base = Input(where, model_source(entry["base_model"], where, is_local), {})
     sources = items(entry.get("sources"), f"{field}.sources")
-    inputs = _distinct([_input(s, f"{field}.sources.{i}", is_local, slice_source=True)
+    inputs = _distinct([_input(s, f"{field}.sources.{i}", is_local, warnings, slice_source=True)
                         for i, s in enumerate(sources)])  # fmt: skip
     ranges = [layer_range(s.get("layer_range"), f"{field}.sources.{i}.layer_range")
               for i, s in enumerate(sources)]  # fmt: skip
@@ -97,6 +122,13 @@ def _slice(entry: Any, field: str, is_local: IsLocal, warnings: list[str]) -> Sl
             )
     block = parameters_of(entry.get("parameters"), f"{field}.parameters")
     return Slice(field, inputs, ranges[0], block, base)
+
+
+def _ignored(entry: dict[str, Any], fields: set[str], where: str) -> list[str]:
+    """mergekit's config models ignore keys they do not define (a `revision:` beside `model:`
+    selects nothing: mergekit reads a revision from `model: org/name@revision`)."""
+    return [f"{where}.{key}: not a field of mergekit's config; ignored, as mergekit does"
+            for key in entry if key not in fields]  # fmt: skip
 
 
 def whole_models(config: MergekitConfig) -> MergekitConfig:

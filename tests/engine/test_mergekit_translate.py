@@ -739,3 +739,40 @@ def test_rows_averaged_in_another_dtype_than_mergekits_are_said() -> None:
     for plan in (vocabulary_plan([EVERY, 0], "BF16"), vocabulary_plan([MEAN], "F32")):
         origin.apply(plan)
         assert not any("averaged" in w for w in plan.warnings)
+
+
+# -- modules, and keys mergekit ignores ------------------------------------------------------
+def test_a_decoders_one_module_is_the_same_as_its_models_at_the_top() -> None:
+    top = linear_config(parameters={"normalize": False})
+    module = {"merge_method": "linear", "parameters": {"normalize": False},
+              "modules": {"default": {"models": top["models"]}}}  # fmt: skip
+    assert recipe(module) == recipe(top)
+    # the module's parameters come between a model's (or slice's) and the config's
+    layered = {**module, "modules": {"default": {"models": top["models"],
+               "parameters": {"normalize": True}}}}  # fmt: skip
+    assert recipe(layered)["params"]["normalize"] is True
+    assert recipe(linear_config(parameters={"normalize": True}))["params"] == (
+        recipe(layered)["params"]
+    )
+
+
+def test_several_modules_are_refused_by_name() -> None:
+    config = {"merge_method": "slerp", "base_model": "./a", "parameters": {"t": 0.5},
+              "modules": {"text_decoder": {"models": models(("./a", None), ("./b", None))},
+                          "vision_tower": {"models": models(("./a", None))}}}  # fmt: skip
+    said = refused(config, "modules", "names text_decoder, vision_tower")
+    assert "one stack of layers" in said
+    refused({**config, "modules": {"default": {"models": [], "extra": 1}}}, "modules.default.extra")
+    refused({**config, "modules": {"default": {"parameters": {}}}}, "modules.default.models")
+
+
+def test_keys_mergekit_ignores_in_a_source_are_ignored_with_a_warning() -> None:
+    """A `revision:` beside `model:` (a model card's habit) selects nothing in mergekit, which
+    reads a revision only from `model: org/name@revision`: ignored, and said."""
+    stacked = {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": "./a", "revision": "dpo-v0", "layer_range": [0, 2]}]},
+        {"sources": [{"model": "./a", "layer_range": [1, 3]}], "note": "x"}]}  # fmt: skip
+    said = warnings(stacked)
+    assert "slices.0.sources.0.revision: not a field of mergekit's config; ignored" in said[0]
+    assert "slices.1.note: not a field" in said[1]
+    assert recipe(stacked)["params"]["slices"][0]["sources"][0]["model"] == "./a"
