@@ -37,13 +37,23 @@ os.environ.update(
 import pytest  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
 
-from tests.helpers import stringify  # noqa: E402
+from tests.helpers import built_once, stringify  # noqa: E402
 
 if TYPE_CHECKING:
     from worker.examples import Arch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# Minutes long (a deployment built, then driven step by step): collected first, so that under
+# `pytest -n N --dist loadfile` (scripts/test.sh) a worker starts on it while the others share
+# out the rest.
+LONGEST = ("tests/docker/",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST))  # stable: order kept
+
 
 LAYERS = 6
 # Per-layer noise (relative to each tensor's std): the task expert changes the middle most,
@@ -216,12 +226,11 @@ def run_merge(tmp_path: Path) -> Merge:
 
 @pytest.fixture(scope="session")
 def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """base/, math/ and swh/ (a 6-layer Llama family) plus recipe files."""
+    """base/, math/ and swh/ (a 6-layer Llama family) plus recipe files; made once per run
+    (pytest-xdist's workers share them)."""
     from worker.examples import make_examples
 
-    root = tmp_path_factory.mktemp("examples")
-    make_examples(root)
-    return root
+    return built_once(tmp_path_factory, "examples", make_examples)
 
 
 @pytest.fixture(scope="session")

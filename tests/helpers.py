@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -9,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 import yaml
 
 T = TypeVar("T")
@@ -77,3 +81,22 @@ def stop(process: subprocess.Popen[Any], signal: int) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """The directory `name` that `build(directory)` fills, made once per test run. With
+    pytest-xdist each worker has its own session fixtures: the first worker to ask builds under
+    the run's shared temporary root while the others wait on a file lock, then every worker
+    reads the same files (as the tests of one process share a session fixture's)."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's root, above each worker's own basetemp
+    target, done = root / name, root / f"{name}.done"
+    with (root / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)  # a build that failed half-way
+            target.mkdir()
+            build(target)
+            done.touch()
+    return target

@@ -84,26 +84,15 @@ def merge(
     cuda, notes = take_mergekit_flags(mergekit_flags)
     out_dir = _output_path(out_path, out_dir, dry_run=dry_run)
     device = "cuda" if cuda and device == "cpu" else device
-    for note in notes:
-        click.echo(note, err=True)
+    click.echo("".join(f"{note}\n" for note in notes), err=True, nl=False)
     with engine_errors():
-        recipe, mergekit = load_recipe_file(recipe_file)
-        if recipe.output.mlflow is not None:
-            raise click.UsageError(
-                "output.mlflow registers a merge made by the service (POST /v1/merges); "
-                "the local command does not"
-            )
+        recipe, mergekit = _local_recipe(recipe_file)
         local = local_resolver(recipe_file.parent)
         recipe, fetched = _pin_and_fetch(recipe, local, headers_only=dry_run)
         try:
             resolve = fetched.resolver(local) if fetched else local
             if dry_run:
-                plan = make_plan(recipe, resolve=resolve)
-                plan.close()
-                if mergekit is not None:
-                    mergekit.apply(plan)
-                    click.echo(_translated(recipe))
-                click.echo(plan.table())
+                _show_plan(recipe, resolve, mergekit)
                 return
             options = MergeOptions(
                 device=device,
@@ -123,6 +112,28 @@ def merge(
         _report(result)
         if recipe.output.hub is not None:
             _publish(result, recipe.output.hub)
+
+
+def _local_recipe(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
+    recipe, mergekit = load_recipe_file(path)
+    if recipe.output.mlflow is not None:
+        raise click.UsageError(
+            "output.mlflow registers a merge made by the service (POST /v1/merges); "
+            "the local command does not"
+        )
+    return recipe, mergekit
+
+
+def _show_plan(
+    recipe: Recipe, resolve: Callable[[str], Path], mergekit: MergekitOrigin | None
+) -> None:
+    """--dry-run: the per-layer plan (and a mergekit config's translated recipe)."""
+    plan = make_plan(recipe, resolve=resolve)
+    plan.close()
+    if mergekit is not None:
+        mergekit.apply(plan)
+        click.echo(_translated(recipe))
+    click.echo(plan.table())
 
 
 def _output_path(positional: Path | None, option: Path | None, *, dry_run: bool) -> Path:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,16 +22,18 @@ import redis
 from sqlalchemy import create_engine, select, text
 
 from core.db.models import Job, JobEvent
-from tests.helpers import wait_for
-from tests.service.conftest import Service, postgres_database, running_service
+from tests.helpers import built_once, wait_for
+from tests.service.conftest import POSTGRES_ADMIN, Service, postgres_database, running_service
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
 HUB_TOKEN = "hf_worker_secret_token_987654321"  # the API's and the workers' credential "team-a"
 # Short enough that recovery takes seconds, long enough that a loaded machine's live worker
-# (heartbeating every 0.2 s from its own thread) is never taken for dead.
+# (heartbeating every 0.2 s from its own thread) is never taken for dead: with the suite on
+# several pytest workers (scripts/test.sh), 3 s proved too short for an evaluating worker on a
+# loaded 2-core host.
 TIMINGS = {
     "heartbeat_interval_s": 0.2,
-    "stale_after_s": 3.0,
+    "stale_after_s": 8.0,
     "reconcile_interval_s": 0.25,
     "progress_interval_s": 0.05,
     "db_retry_s": 30.0,
@@ -95,6 +99,50 @@ class RedisServer:
             return False
 
 
+class PostgresServer:
+    """A private PostgreSQL server (initdb into a temporary directory, trust authentication, a
+    free port), for a test that restarts PostgreSQL: the machine's own server, which every
+    other test uses at the same time (pytest -n), is left alone. Run as the `postgres` user
+    where the suite runs as root (initdb refuses root), like the machine's server."""
+
+    def __init__(self) -> None:
+        version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+        self.bin = Path("/usr/lib/postgresql") / version / "bin"
+        self.port = free_port()
+        # Not under pytest's temporary root: that is root's alone, and the server's user must
+        # reach its directory.
+        self.directory = Path(tempfile.mkdtemp(prefix="layerswap-postgres-"))
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres", "postgres")
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*user, str(self.bin / tool), *args], check=True, timeout=120,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+
+    def _ctl(self, action: str, *args: str) -> None:
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1"
+        self._run("pg_ctl", action, "-D", str(self.directory / "data"), "-o", options,
+                  "-l", str(self.directory / "server.log"), "-w", *args)  # fmt: skip
+
+    def start(self) -> None:
+        self._run("initdb", "-D", str(self.directory / "data"), "-U", "postgres",
+                  "--auth=trust", "--no-sync")  # fmt: skip
+        self._ctl("start")
+
+    def restart(self) -> None:
+        """As `pg_ctlcluster ... restart -m fast` restarts the machine's."""
+        self._ctl("restart", "-m", "fast")
+
+    def stop(self) -> None:
+        self._ctl("stop", "-m", "immediate")
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class Worker:
     """A `layerswap worker` process, its output in a log file."""
 
@@ -133,6 +181,7 @@ class Cluster:
     env: dict[str, str]
     logs: Path
     workers: list[Worker] = field(default_factory=list)
+    postgres: PostgresServer | None = None  # a test marked own_postgres: its private server
 
     def start_worker(self, name: str | None = None, **env: str) -> Worker:
         name = name or f"w{len(self.workers) + 1}"
@@ -183,20 +232,23 @@ def worker_env(settings: Any, broker_url: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def big_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """base/math/swh large enough (≈250 MB each, float32) that a TIES merge takes seconds:
-    time for a worker to be killed, or a database restarted, in the middle of it."""
+def make_big_family(root: Path) -> None:
     import torch
 
     from worker.examples import make_checkpoint
 
-    root = tmp_path_factory.mktemp("big")
     size = {"layers": 6, "hidden": 768, "intermediate": 3072, "vocab": 8192, "heads": 8}
     base = make_checkpoint(root / "base", kv_heads=4, dtype=torch.float32, **size)
     make_checkpoint(root / "math", base=base, seed=1, dtype=torch.float32)
     make_checkpoint(root / "swh", base=base, seed=2, dtype=torch.float32)
-    return root
+
+
+@pytest.fixture(scope="session")
+def big_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/math/swh large enough (≈250 MB each, float32) that a TIES merge takes seconds:
+    time for a worker to be killed, or a database restarted, in the middle of it. Written
+    once per run, whatever the number of pytest-xdist workers."""
+    return built_once(tmp_path_factory, "big-family", make_big_family)
 
 
 @pytest.fixture
@@ -205,17 +257,15 @@ def cluster_settings() -> dict[str, Any]:
     return {}
 
 
-@pytest.fixture
-def cluster(
-    tmp_path: Path, examples: Path, big_family: Path, cluster_settings: dict[str, Any]
-) -> Iterator[Cluster]:
-    """API (celery executor) + private Redis + a fresh PostgreSQL database; no worker yet."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    logs = tmp_path / "logs"
-    logs.mkdir()
+@contextmanager
+def cluster_database(own_server: bool) -> Iterator[tuple[str, PostgresServer | None]]:
+    """A fresh database on the machine's PostgreSQL, or on a private server (`own_server`:
+    for a test that restarts it), and that server."""
+    server = PostgresServer() if own_server else None
     try:
-        with postgres_database() as url:
+        if server is not None:
+            server.start()
+        with postgres_database(server.admin_url if server else POSTGRES_ADMIN) as url:
             # Commits without waiting for the WAL flush: the merges' own fsyncs saturate this
             # machine's disk, and a heartbeat stuck behind them would look like a dead worker.
             admin = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -223,6 +273,29 @@ def cluster(
                 name = url.rsplit("/", 1)[1]
                 connection.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = off'))
             admin.dispose()
+            yield url, server
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    examples: Path,
+    big_family: Path,
+    cluster_settings: dict[str, Any],
+) -> Iterator[Cluster]:
+    """API (celery executor) + private Redis + a fresh PostgreSQL database; no worker yet.
+    A test marked `own_postgres` gets a PostgreSQL server of its own (cluster.postgres)."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    own = request.node.get_closest_marker("own_postgres") is not None
+    try:
+        with cluster_database(own) as (url, postgres):
             data = tmp_path / "data"
             extra = cluster_settings.pop("extra_roots", [])
             roots = [data / "checkpoints", data / "artifacts", big_family, *extra]
@@ -237,7 +310,8 @@ def cluster(
                 **TIMINGS,
                 **cluster_settings,
             ) as service:
-                running = Cluster(service, server, worker_env(service.settings, server.url), logs)
+                env = worker_env(service.settings, server.url)
+                running = Cluster(service, server, env, logs, postgres=postgres)
                 try:
                     yield running
                 finally:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import built_once
+
 LANG = "sw"
 TASK = f"mgsm_local_direct_{LANG}"
 UNTIL = ("Swali:", "\n\n", "\n")
@@ -98,8 +100,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Model:
 @pytest.fixture(scope="session")
 def math_expert(examples: Path, tmp_path_factory: pytest.TempPathFactory) -> Model:
     """The examples' math expert (the task expert of the API tests' merges), with data that
-    it answers half right."""
-    return with_data(examples / "math", tmp_path_factory.mktemp("math-eval-data"))
+    it answers half right; made once per run (pytest-xdist's workers share it)."""
+
+    def build(root: Path) -> None:
+        model = with_data(examples / "math", root / "data")
+        (root / "answers.json").write_text(json.dumps([model.answers, model.right]))
+
+    root = built_once(tmp_path_factory, "math-eval", build)
+    answers, right = json.loads((root / "answers.json").read_text())
+    return Model(examples / "math", root / "data", answers, right)
 
 
 CHOICE_TASK = "tiny_choice"

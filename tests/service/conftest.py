@@ -32,15 +32,16 @@ TERMINAL = {"succeeded", "failed", "canceled"}
 
 
 @contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+def postgres_database(admin_url: str = POSTGRES_ADMIN) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards (on the machine's
+    server, or on the one `admin_url` names)."""
     name = f"layerswap_test_{uuid.uuid4().hex[:12]}"
     # pre-ping: a test may have restarted PostgreSQL since the CREATE.
-    admin = create_engine(POSTGRES_ADMIN, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield POSTGRES_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
     finally:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
