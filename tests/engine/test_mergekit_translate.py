@@ -751,8 +751,9 @@ def test_a_decoders_one_module_is_the_same_as_its_models_at_the_top() -> None:
     layered = {**module, "modules": {"default": {"models": top["models"],
                "parameters": {"normalize": True}}}}  # fmt: skip
     assert recipe(layered)["params"]["normalize"] is True
-    assert recipe(linear_config(parameters={"normalize": True}))["params"] == (
-        recipe(layered)["params"]
+    assert (
+        recipe(linear_config(parameters={"normalize": True}))["params"]
+        == (recipe(layered)["params"])
     )
 
 
