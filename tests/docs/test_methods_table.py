@@ -1,4 +1,4 @@
-"""The methods' table (docs/hooks/methods.py) carries every registered method, its params with
+"""The methods' table (docs/hooks/tables.py) carries every registered method, its params with
 their defaults and bounds, and its formula; the pages that name the methods by hand name every
 one of them."""
 
@@ -19,7 +19,7 @@ from tests.docs.reference_hook import ROOT, load
 
 @pytest.fixture(scope="module")
 def hook() -> ModuleType:
-    return load("methods")
+    return load("tables")
 
 
 def rows(table: str) -> dict[str, str]:

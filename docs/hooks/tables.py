@@ -1,12 +1,16 @@
-"""MkDocs hook: the table of merge methods on concepts/methods.md, generated at build time from
-`engine.methods.METHODS` (each method's inputs, its params with their defaults and bounds, and
-its result per tensor) where the page has its marker, so it cannot drift from the code.
+"""MkDocs hook: the tables made from the code's own lists, put where a page has their marker at
+build time, so they cannot drift from the code:
+
+- concepts/methods.md: the merge methods, from `engine.methods.METHODS` (each method's inputs,
+  its params with their defaults and bounds, and its result per tensor);
+- concepts/mergekit.md: mergekit-yaml's flags, from `layerswap.cli.mergekit_flags.FLAGS`.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mkdocs.exceptions import PluginError
@@ -21,6 +25,8 @@ if TYPE_CHECKING:
 
 METHODS_PAGE = "concepts/methods.md"
 MARKER = "<!-- methods table -->"
+FLAGS_PAGE = "concepts/mergekit.md"
+FLAGS_MARKER = "<!-- mergekit-yaml flags -->"
 SETTINGS = "#per-layer-settings"  # where settings and switches are explained
 
 
@@ -90,9 +96,24 @@ def _text(text: str) -> str:
 # -- MkDocs events -------------------------------------------------------------------------------
 
 
+def flags_table() -> str:
+    """mergekit-yaml's flags: honoured, accepted as no-ops, or refused, each with why."""
+    from layerswap.cli.mergekit_flags import flags_table as table
+
+    return table()
+
+
+# page → (its marker, what replaces it)
+TABLES: dict[str, tuple[str, Callable[[], str]]] = {
+    METHODS_PAGE: (MARKER, methods_table),
+    FLAGS_PAGE: (FLAGS_MARKER, flags_table),
+}
+
+
 def on_page_markdown(markdown: str, *, page: Page, config: MkDocsConfig, files: Files) -> str:
-    if page.file.src_uri != METHODS_PAGE:
+    if page.file.src_uri not in TABLES:
         return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"{METHODS_PAGE} has no {MARKER}: where would the methods' table go?")
-    return markdown.replace(MARKER, methods_table())
+    marker, table = TABLES[page.file.src_uri]
+    if marker not in markdown:
+        raise PluginError(f"{page.file.src_uri} has no {marker}: where would its table go?")
+    return markdown.replace(marker, table())
