@@ -454,7 +454,7 @@ def compare_outputs(a: Path, b: Path) -> dict[str, Any]:
 
 # How TIES picks "the top density fraction" of each delta, as the two tools implement it:
 #   exact_k_argsort     exactly int(density*n), ties at the cut broken by argsort order (mergekit)
-#   exact_k_flat_order  exactly ceil(density*n), ties at the cut: the first in flat order
+#   exact_k_flat_order  exactly int(density*n), ties at the cut: the first in flat order (layerswap)
 #   keep_ties           every entry >= the ceil(density*n)-th largest, ties included
 SELECTIONS = ("exact_k_argsort", "exact_k_flat_order", "keep_ties")
 
@@ -480,7 +480,7 @@ def ties_reference(
             keep = magnitude >= threshold
         else:
             stable = selection == "exact_k_flat_order"
-            k = max(1, math.ceil(density * n) if stable else int(density * n))
+            k = max(1, int(density * n))
             order = torch.argsort(magnitude, descending=True, stable=stable)
             keep = torch.zeros(n, dtype=torch.bool)
             keep[order[:k]] = True

@@ -27,7 +27,12 @@ from engine.errors import (
     OutputTooLarge,
     is_disk_full,
 )
-from engine.io.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from engine.io.checkpoint import (
+    EXTRA_CONFIG_FILES,
+    INDEX_FILE,
+    TOKENIZER_FILES,
+    set_config_values,
+)
 from engine.io.digests import file_sha256
 from engine.io.file_access import FileGuard, Opener, copy_file
 from engine.limits import MAX_SIDE_FILE_BYTES
@@ -137,7 +142,7 @@ def execute(
                 durable=options.durable, tick_s=options.drain_tick_s, on_progress=on_progress,
                 should_cancel=should_cancel, started=started,
             )  # fmt: skip
-            files.update(_write_side_files(plan, staging, recipe.output.dtype))
+            files.update(_write_side_files(plan, staging, recipe.output.dtype, options.mergekit))
             manifest = _write_card_and_manifest(
                 plan, recipe, staging, inputs, files, options.job, options.mergekit
             )
@@ -217,8 +222,11 @@ def resolve_device(name: str) -> str:
     raise DeviceError(f"unknown device {name!r} (use cpu, cuda or cuda:N)")
 
 
-def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[str, str]:
-    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input.
+def _write_side_files(
+    plan: Plan, staging: Path, dtype: str = "source", mergekit: MergekitOrigin | None = None
+) -> dict[str, str]:
+    """Index (if sharded), configs from the config input, tokenizer from the tokenizer input;
+    a mergekit config's as mergekit writes them (engine/mergekit/side_files.py).
 
     When the recipe converts the weights (`output.dtype`), config.json's dtype says so too:
     transformers loads weights in the dtype the config declares.
@@ -228,6 +236,11 @@ def _write_side_files(plan: Plan, staging: Path, dtype: str = "source") -> dict[
         weight_map = {plan.tensors[i].name: s.filename for s in plan.shards for i in s.tensors}
         index = {"metadata": {"total_size": plan.total_bytes}, "weight_map": weight_map}
         written[INDEX_FILE] = _write_json(staging / INDEX_FILE, index)
+    if mergekit is not None:
+        if plan.vocabulary is None:
+            _warn_tokenizer_mismatch(plan)
+        names = mergekit.write_side_files(plan, staging, dtype)
+        return written | {name: file_sha256(staging / name) for name in names}
     config_dir = Path(plan.inputs[plan.config_input].path)
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)
     vocabulary = plan.vocabulary
@@ -268,12 +281,7 @@ def _edit_config(path: Path, dtype: str, changes: dict[str, Any]) -> None:
     """Rewrite config.json with the output's dtype (unless "source") and the plan's changes
     (dotted keys, e.g. text_config.num_hidden_layers)."""
     config = json.loads(path.read_text(encoding="utf-8"))
-    for dotted, value in changes.items():
-        *parents, key = dotted.split(".")
-        section = config
-        for part in parents:
-            section = section[part]
-        section[key] = value
+    set_config_values(config, changes)
     if dtype != "source":
         _set_config_dtype(config, dtype)
     _write_json(path, config)

@@ -15,6 +15,7 @@ from engine.io.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
+from engine.plan.arithmetic import keeps
 from engine.plan.compatibility import check_compatible
 from engine.plan.model import InputRef, Op, Plan, Shard, TensorPlan, Term
 from engine.progress import CancelCheck
@@ -122,6 +123,7 @@ def _assemble(
         layer_stack=found,
         config_changes=changes,
         vocabulary=vocabulary,
+        arithmetic=recipe.arithmetic,
     )
     optional = METHODS[recipe.method].base != "required"
     if optional and recipe.base is not None and not recipe.plans_from_weights:
@@ -152,13 +154,17 @@ def _tensor(
         warnings.append(f"{name}: {info.dtype} tensor copied from one input, not merged")
         return TensorPlan(name, info.shape, info.dtype, "copy", (Term(source, 1.0),), layer, origin)
     dtype = info.dtype if recipe.output.dtype == "source" else OUTPUT_DTYPES[recipe.output.dtype]
-    if op == "linear" and len(terms) == 1 and terms[0].coefficient == 1.0 and dtype == info.dtype:
+    one = len(terms) == 1 and terms[0].coefficient == 1.0
+    if op == "linear" and one and dtype == info.dtype and keeps(recipe.arithmetic, dtype):
         op = "copy"
     thinning = None
     if op == "sparsify":
         assert method.thinning is not None
         thinning = method.thinning(name, layer)
-    return TensorPlan(name, info.shape, dtype, op, terms, layer, origin, thinning=thinning)
+    scalars = method.scalars(name, layer) if method.scalars is not None else ()
+    return TensorPlan(
+        name, info.shape, dtype, op, terms, layer, origin, thinning=thinning, scalars=scalars
+    )
 
 
 def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint]) -> TensorPlan:
@@ -168,7 +174,8 @@ def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint])
     dtype = info.dtype
     if dtype in FLOAT_DTYPES and recipe.output.dtype != "source":
         dtype = OUTPUT_DTYPES[recipe.output.dtype]
-    op: Op = "copy" if dtype == info.dtype else "linear"
+    exact = dtype == info.dtype and keeps(recipe.arithmetic, dtype)  # mergekit rounds to it
+    op: Op = "copy" if exact or dtype not in FLOAT_DTYPES else "linear"
     renamed = placement.input_name if placement.input_name != placement.name else ""
     terms = (Term(placement.source, 1.0),)
     return TensorPlan(

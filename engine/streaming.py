@@ -6,8 +6,9 @@ in file order, and wait (a bounded amount) for the writer to reach their offsets
 Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
 every core (linear.py, ties.py, sparse.py), nuslerp and model_stock in
 numba and torch (angle.py: torch loads beside the first tensors); torch, a second to
-import, is loaded only for the rest (CUDA, float64, slerp), while the copies are written. A plan
-that only copies (a frankenmerge) loads no kernels at all.
+import, is loaded only for the rest (CUDA, float64, slerp, and mergekit's bf16 or fp16
+arithmetic, which the compiled kernels do not compute: plan/arithmetic.py), while the copies are
+written. A plan that only copies (a frankenmerge) loads no kernels at all.
 Cancellation is checked between tensors and chunks; progress is reported by a thread that
 follows the writer, block by block (_Feedback).
 """
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 from engine.errors import MergeCanceled
 from engine.io.safetensors_format import DTYPE_SIZES, encode_header
 from engine.io.writer import OutputWriter
+from engine.plan.arithmetic import as_float32
 from engine.plan.model import ANGLE_OPS, Plan, TensorPlan
 from engine.progress import CancelCheck, Progress, ProgressCallback
 
@@ -207,6 +209,21 @@ def _kernels(
     first computed tensor: its BLAS thread pool starts with it, so a process that plans, copies
     or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
     process before any of its threads exists."""
+    compiled = None
+    if as_float32(plan):  # mergekit's narrower arithmetic (bf16, fp16) is torch's only
+        compiled = _compiled_kernels(plan, device, chunk_elements, check_cancel)
+    if compiled is not None:
+        return compiled
+    # torch: seconds to import; only for what no compiled kernel handles
+    from engine.kernels.torch_kernels import Kernels
+
+    return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
+
+
+def _compiled_kernels(
+    plan: Plan, device: str, chunk_elements: int, check_cancel: Callable[[], None]
+) -> ChunkKernels | None:
+    """The numba kernels that compute every tensor of the plan, if some do."""
     # numba and numpy: loaded by the first computed tensor, as said above
     from engine.kernels import linear as linear_kernels
 
@@ -234,10 +251,7 @@ def _kernels(
             return angle_kernels.AngleKernels(
                 plan, chunk_elements=chunk_elements, check_cancel=check_cancel
             )
-    # torch: seconds to import; only for what no compiled kernel handles
-    from engine.kernels.torch_kernels import Kernels
-
-    return Kernels(plan, device=device, chunk_elements=chunk_elements, check_cancel=check_cancel)
+    return None
 
 
 def _queue_copy(

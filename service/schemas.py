@@ -14,7 +14,7 @@ from core.db.models import Job, as_utc
 from core.evaluation.spec import EvaluationSpec
 from core.kinds import kind_of
 from engine.methods import METHODS
-from engine.schema.parts import Credential, OutputOptions, RecipeBase
+from engine.schema.parts import Arithmetic, Credential, OutputOptions, RecipeBase
 
 UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -61,6 +61,12 @@ class MergekitMerge(_Evaluated):
         "name or here",
     )
     credential: Credential = None  # for hf:// sources
+    arithmetic: Arithmetic | None = Field(
+        None,
+        description="the dtype to compute in instead of mergekit's (the config's dtype, or the "
+        "checkpoints' own): float32 computes a bf16 or fp16 config more precisely than "
+        "mergekit, and not to its bytes",
+    )
 
 
 def _merge_kind(body: Any) -> str | None:

@@ -121,10 +121,16 @@ def inverse_weights(magnitudes: Sequence[float]) -> list[float]:
 
 
 # -- TIES (docs/concepts/methods.md) -----------------------------------------------------
+def kept_count(density: float, numel: int) -> int:
+    """How many entries of a delta TIES keeps: mergekit's max(1, int(density·n))."""
+    return numel if density >= 1.0 else max(1, int(density * numel))
+
+
 def top_k_mask(magnitude: torch.Tensor, density: float) -> torch.Tensor:
-    """Exactly k = ceil(density·n) largest entries; among equal values the first in flat order."""
+    """Exactly k = ⌊density·n⌋ largest entries (the float product, at least one; all at density
+    1), mergekit's count; among equal values the first in flat order."""
     flat = magnitude.flatten()
-    k = math.ceil(density * flat.numel())
+    k = kept_count(density, flat.numel())
     order = torch.sort(flat, descending=True, stable=True).indices[:k]
     keep = torch.zeros(flat.numel(), dtype=torch.bool)
     keep[order] = True

@@ -138,6 +138,16 @@ def read_json(path: Path, limit: int = MAX_JSON_BYTES, *, opener: Opener = open_
         raise CheckpointError.at(path, f"not valid JSON ({str(e)[:200]})") from None
 
 
+def set_config_values(config: dict[str, Any], changes: dict[str, Any]) -> None:
+    """Set config.json's values at dotted keys (`text_config.num_hidden_layers`), in place."""
+    for dotted, value in changes.items():
+        *parents, key = dotted.split(".")
+        section = config
+        for part in parents:
+            section = section[part]
+        section[key] = value
+
+
 def _read_tensors(
     path: Path, files: list[Path], expected: dict[str, str] | None, opener: Opener
 ) -> dict[str, TensorInfo]:

@@ -34,7 +34,7 @@ DTYPE_SIZES: dict[str, int] = {
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 # Names accepted for the recipe's output dtype, mapped to safetensors names.
-OUTPUT_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+OUTPUT_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,13 @@ class Nuslerp(NuslerpTerms):
         a, b = (v / torch.norm(v, dim=-1, keepdim=True).clamp(min=NORM_FLOOR) for v in vs)
         return torch.sum(a * b, dim=-1, keepdim=True).clamp(-1, 1)
 
-    def angle_from_moments(self, moments: dict[Pair, torch.Tensor]) -> torch.Tensor:
+    rounded_products = False  # its moments are exact (see AngleMerge._moments)
+
+    def angle_from_moments(
+        self, moments: dict[Pair, torch.Tensor], narrow: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """cos θ from the moments, in float64 (rounded to a narrow dtype afterwards: mergekit
+        normalises each entry in it before its dot, which moments cannot follow)."""
         norm_a = moments[0, 0].sqrt().clamp(min=NORM_FLOOR)
         norm_b = moments[1, 1].sqrt().clamp(min=NORM_FLOOR)
         return (moments[0, 1] / (norm_a * norm_b)).clamp(-1, 1).unsqueeze(-1)
@@ -89,13 +95,20 @@ class ModelStock(ModelStockTerms):
                 )
         return torch.stack(cosines).mean(dim=0).unsqueeze(-1)
 
-    def angle_from_moments(self, moments: dict[Pair, torch.Tensor]) -> torch.Tensor:
+    rounded_products = True  # in a narrow dtype, Σ vᵢ·vⱼ (i ≠ j) of products rounded to it
+
+    def angle_from_moments(
+        self, moments: dict[Pair, torch.Tensor], narrow: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """The mean cos θ from the moments: in float64, or in a narrow dtype with mergekit's
+        steps in it (each norm, their product, the dot and the quotient rounded to it)."""
         cosines = []
         n = self.count
         for i in range(n):
             for j in range(i + 1, n):
-                product = moments[i, i].sqrt() * moments[j, j].sqrt()
-                cosines.append((moments[i, j] / product.clamp(min=PRODUCT_FLOOR)).clamp(-1, 1))
+                product = _to(moments[i, i].sqrt(), narrow) * _to(moments[j, j].sqrt(), narrow)
+                dot = _to(moments[i, j], narrow)
+                cosines.append((dot / product.clamp(min=PRODUCT_FLOOR)).clamp(-1, 1))
         return torch.stack(cosines).mean(dim=0).unsqueeze(-1)
 
     def coefficients(self, cos: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -144,6 +157,7 @@ class AngleMerge:
         self.shape = tensor.shape
         self.vectors = vectors_of(tensor.op, tensor.shape)
         self.chunk, self.block = chunk, block
+        self.narrow: torch.dtype | None = None  # the inputs' bf16 or fp16, when they are
 
     def chunks(self) -> Iterator[torch.Tensor]:
         v = self.vectors
@@ -203,13 +217,23 @@ class AngleMerge:
     def _moments(
         self, starts: range, end: int, shaped: Callable[[torch.Tensor], torch.Tensor], *, dim: int
     ) -> dict[Pair, torch.Tensor]:
-        """Σ vᵢ·vⱼ along `dim` for the rule's pairs, per chunk in float32, summed in float64."""
+        """Σ vᵢ·vⱼ along `dim` for the rule's pairs, per chunk in float32, summed in float64. In
+        mergekit's narrow arithmetic (bf16, fp16: `self.narrow` is set) the products of its
+        rounded entries are exact, or rounded to it where the rule's are (model_stock's dots),
+        and summed in float64."""
         total: dict[Pair, torch.Tensor] = {}
         for start in starts:
             xs = [shaped(x) for x in self._inputs(start, min(starts.step, end - start))]
             vs = self.rule.angle_inputs(xs)
             for i, j in self.rule.pairs:
-                part = (vs[i] * vs[j]).sum(dim=dim).double()
+                a, b = vs[i], vs[j]
+                if a.dtype in (torch.bfloat16, torch.float16):
+                    self.narrow = a.dtype
+                    rounded = i != j and self.rule.rounded_products
+                    product = (a * b).double() if rounded else a.double() * b.double()
+                else:
+                    product = a * b
+                part = product.sum(dim=dim).double()
                 total[i, j] = total[i, j] + part if (i, j) in total else part
         return total
 
@@ -221,7 +245,7 @@ class AngleMerge:
         shaped: Callable[[torch.Tensor], torch.Tensor],
         step: int | None = None,
     ) -> Iterator[torch.Tensor]:
-        cos = self.rule.angle_from_moments(moments)  # [vectors, 1], float64
+        cos = self.rule.angle_from_moments(moments, self.narrow)  # [vectors, 1]
         if self.vectors.columns:
             cos = cos.view(1, -1)  # one per column of the blocks of rows read below
         coefficients: tuple[torch.Tensor, ...] = ()
@@ -235,3 +259,7 @@ class AngleMerge:
 
 def _as_is(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _to(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return x if dtype is None else x.to(dtype)

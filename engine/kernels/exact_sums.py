@@ -38,15 +38,16 @@ FLOAT64 = Format(11, 52)
 RESCALE_EPS = 1e-7  # mergekit's: a norm below it leaves the thinned delta as it is
 
 
-def rounded_sum(bins: Sequence[int], fmt: Format) -> float:
-    """The sum the bins hold, rounded to nearest (ties to even) in `fmt`, as a Python float."""
+def rounded_sum(bins: Sequence[int], fmt: Format, *, to_float64: bool = False) -> float:
+    """The sum the bins of `fmt` values hold, rounded to nearest (ties to even) in `fmt`, or
+    with `to_float64` in float64 (from where a narrower dtype rounds it), as a Python float."""
     infinities, nans = bins[-2], bins[-1]
     if nans:
         return math.nan
     if infinities:
         return math.inf
     units = sum(int(total) << max(e, 1) - 1 for e, total in enumerate(bins[:-2]))
-    precision = fmt.significand_bits + 1
+    precision = FLOAT64.significand_bits + 1 if to_float64 else fmt.significand_bits + 1
     shift = max(0, units.bit_length() - precision)
     if shift:
         kept, rest = divmod(units, 1 << shift)
@@ -59,7 +60,7 @@ def rounded_sum(bins: Sequence[int], fmt: Format) -> float:
         value = math.ldexp(units, exponent)
     except OverflowError:
         return math.inf
-    return value if value <= largest else math.inf
+    return value if value <= largest or to_float64 else math.inf
 
 
 def rescale_factor(before: float, after: float, fmt: Format) -> float:

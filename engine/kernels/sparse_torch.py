@@ -55,11 +55,12 @@ def _mulhilo(multiplier: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    """|x|'s bit patterns as int64: ordered like the values (NaN above infinity)."""
+    """|x|'s bit patterns as int64: ordered like the values (NaN above infinity). bf16 and
+    fp16 values (mergekit's narrow arithmetic) are widened to float32 first, exactly."""
     magnitude = x.abs()
     if magnitude.dtype == torch.float64:
         return magnitude.view(torch.int64)
-    return magnitude.view(torch.int32).to(torch.int64)
+    return magnitude.float().view(torch.int32).to(torch.int64)
 
 
 def _format(x: torch.Tensor) -> Format:
@@ -194,7 +195,7 @@ class SparseMerge:
         ranks = torch.empty_like(order)
         positions = torch.arange(self.width, device=delta.device).view(1, -1, 1)
         ranks.scatter_(1, order, positions.expand_as(order))
-        dtype = delta.dtype
+        dtype = torch.float64 if delta.dtype == torch.float64 else torch.float32
         last = torch.tensor(float(max(self.width - 1, 1)), dtype=dtype, device=delta.device)
         spread = ranks.to(dtype).div_(last).mul_(2.0).mul_(torch.tensor(epsilon, dtype=dtype))
         p = spread.add_(torch.tensor(density - epsilon, dtype=dtype)).view(-1)
@@ -230,18 +231,23 @@ class SparseMerge:
             if not thin:
                 scales.append(1.0)
                 continue
-            full: list[int] | None = None
-            kept: list[int] | None = None
-            fmt = FLOAT32
-            for start, delta in self._deltas(i):
-                fmt = _format(delta)
-                mask = self._mask(i, start, delta.numel())
-                assert mask is not None
-                full = _added(full, exact_bins(delta))
-                kept = _added(kept, exact_bins(delta * mask.to(delta.dtype)))
-            assert full is not None and kept is not None
+            full, kept, fmt = self._norm_bins(i)
             scales.append(rescale_factor(rounded_sum(full, fmt), rounded_sum(kept, fmt), fmt))
         return scales
+
+    def _norm_bins(self, i: int) -> tuple[list[int], list[int], Format]:
+        """exact_sums' bins of term i's |δ| and of its kept |δ|, and their format."""
+        full: list[int] | None = None
+        kept: list[int] | None = None
+        fmt = FLOAT32
+        for start, delta in self._deltas(i):
+            fmt = _format(delta)
+            mask = self._mask(i, start, delta.numel())
+            assert mask is not None
+            full = _added(full, exact_bins(delta))
+            kept = _added(kept, exact_bins(delta * mask.to(delta.dtype)))
+        assert full is not None and kept is not None
+        return full, kept, fmt
 
     def _cuts(self, i: int) -> tuple[Cut, Cut]:
         low, high = breadcrumb_ranks(
@@ -287,7 +293,7 @@ def _added(total: list[int] | None, more: list[int]) -> list[int]:
 
 # dropping -> (merge, term, its deltas over [first, first + n), first) -> kept entries
 MASKS: dict[str, Callable[[SparseMerge, int, torch.Tensor, int], torch.Tensor]] = {
-    "random": SparseMerge._random,
-    "outliers": SparseMerge._cut,
-    "magprune": SparseMerge._magprune,
-}
+    "random": lambda merge, i, delta, first: merge._random(i, delta, first),
+    "outliers": lambda merge, i, delta, first: merge._cut(i, delta, first),
+    "magprune": lambda merge, i, delta, first: merge._magprune(i, delta, first),
+}  # by name: a subclass's own (narrow_torch.py) is called

@@ -174,7 +174,7 @@ class TiesKernels:
         trimmed. `inputs(start, count)` gives (base, terms) of those elements."""
         thresholds, cutoffs = np.zeros(term_count, np.uint32), np.zeros(term_count, np.int64)
         if self.settings.density < 1.0 and numel:
-            k = max(1, math.ceil(self.settings.density * numel))
+            k = self.settings.kept(numel)
             for i in range(term_count):
 
                 def delta_inputs(start: int, count: int, i: int = i) -> tuple[Array, Array]:

@@ -1,9 +1,10 @@
 """TIES's exact top-k on the CPU, compiled with numba: which |δ| of a tensor are kept.
 
-TIES keeps exactly k = ⌈density·n⌉ entries: every |δ| above the k-th largest, and of those
-equal to it the first ones in flat order. The answer is a pair (threshold, cutoff): the float32
-bit pattern of the k-th largest |δ| (ordered like the values, as |δ| ≥ 0) and the flat index
-after the last tied entry kept, so that each element decides on its own —
+TIES keeps exactly k entries (TiesSettings.kept: ⌊density·n⌋, at least one): every |δ| above
+the k-th largest, and of those equal to it the first ones in flat order. The answer is a pair
+(threshold, cutoff): the float32 bit pattern of the k-th largest |δ| (ordered like the values,
+as |δ| ≥ 0) and the flat index after the last tied entry kept, so that each element decides on
+its own —
 `keep = bits > threshold or (bits == threshold and index < cutoff)` — and chunks split across
 threads.
 

@@ -1,11 +1,12 @@
 """Exact top-k selection over a tensor that may be too large to hold: which |δ| TIES keeps.
 
-TIES keeps exactly k = ⌈density·n⌉ entries per tensor: every entry above the k-th largest
-value, plus as many entries equal to it as are still needed, the first ones in flat order
-(deterministic, unlike an argsort). Tensors that fit in memory are gathered into one buffer,
-chunk by chunk, and numpy partitions it in place (an O(n) select, one pass over the inputs);
-larger ones (embeddings) use a two-pass radix select on float32 bit patterns, which are ordered
-like the values themselves for non-negative floats, reading one chunk at a time.
+TIES keeps exactly k entries per tensor (TiesSettings.kept: ⌊density·n⌋, at least one): every
+entry above the k-th largest value, plus as many entries equal to it as are still needed, the
+first ones in flat order (deterministic, unlike an argsort). Tensors that fit in memory are
+gathered into one buffer, chunk by chunk, and numpy partitions it in place (an O(n) select, one
+pass over the inputs); larger ones (embeddings) use a two-pass radix select on float32 bit
+patterns, which are ordered like the values themselves for non-negative floats, reading one
+chunk at a time.
 """
 
 from __future__ import annotations

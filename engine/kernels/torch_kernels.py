@@ -3,7 +3,14 @@
 Linear ops accumulate in float32 (float64 for F64 inputs) in term order and round once to the
 output dtype. TIES first selects each delta's top-k over the whole tensor (top_k.py),
 then combines chunk by chunk; the sparsifying methods are sparse_torch.py's; nuslerp and
-model_stock measure angles first (angle_torch.py).
+model_stock measure angles first (angle_torch.py); multislerp and karcher, sce and arcee_fusion
+take statistics of the whole tensor first (sphere_torch.py, sce_torch.py, fusion_torch.py);
+nearswap is elementwise (nearswap_torch.py).
+
+In mergekit's narrow arithmetic (a recipe's `arithmetic` bfloat16 or float16: plan/arithmetic.py)
+the inputs are rounded to that dtype as they are read, and each tensor's result before it is
+written; task arithmetic and TIES (narrow.py, compiled; narrow_torch.py), the sparsifying
+methods (narrow_torch.py) and the angle methods then compute in it, as mergekit does.
 """
 
 from __future__ import annotations
@@ -17,11 +24,24 @@ import torch
 
 from engine.io.memory import keep_freed_memory
 from engine.kernels.angle_torch import RULES, AngleMerge
+from engine.kernels.fusion_torch import Fusion
 from engine.kernels.interpolation_torch import Read, ReadInto, Slerp, weighted
+from engine.kernels.narrow_torch import (
+    NARROW,
+    SORTED_ELEMENTS,
+    NarrowSparseMerge,
+    NarrowTaskVectors,
+    Selection,
+    sorted_mask,
+)
+from engine.kernels.nearswap_torch import nearswap
+from engine.kernels.sce_torch import Sce
 from engine.kernels.sparse_torch import SparseMerge
+from engine.kernels.sphere_torch import Karcher, MultiSlerp
 from engine.kernels.tensor_io import TORCH_DTYPES, read_planned
 from engine.kernels.top_k import ChunkSource, TopK, top_k, trim_
 from engine.kernels.workspace import Workspace
+from engine.plan.arithmetic import tensor_arithmetic
 from engine.plan.model import Plan, TensorPlan, TiesSettings
 
 # (start, count) -> one chunk of a tensor's output, in the arithmetic dtype
@@ -45,6 +65,7 @@ class Kernels:
         # a whole tensor several times before its first output byte.
         self.check_cancel = check_cancel or (lambda: None)
         self.device = torch.device(device)
+        self.default_threads = torch.get_num_threads()  # chunks() lowers it while it computes
         # Arithmetic runs on quarter chunks: its float32 temporaries (a dozen for TIES) then
         # stay in the CPU's cache instead of going to memory and back between steps
         # (measured on 1.7B parameters: soup 9.4 -> 6.8 s, TIES about 1.5x faster).
@@ -55,9 +76,17 @@ class Kernels:
         # both inputs of such a tensor, widened, between its three passes.
         self.selection_elements = chunk_elements
         self.selection_in_memory = 8 * chunk_elements
+        # mergekit's narrow arithmetic: a tensor of up to this many entries is selected from
+        # by sorting it whole, as mergekit does (narrow_torch.py)
+        self.sorted_elements = min(self.selection_in_memory, SORTED_ELEMENTS)
         self.workspace = Workspace(self.device)
         # bytes as read, before they are widened into the device's buffers
         self._staging = Workspace(torch.device("cpu"))
+        # The tensor in progress: the narrow dtype its inputs and result are rounded to
+        # (mergekit's bf16 or fp16 arithmetic), and the dtype it computes in (None: float32,
+        # float64 for F64 inputs). Set by chunks().
+        self._rounded: torch.dtype | None = None
+        self._compute: torch.dtype | None = None
 
     def chunks(self, tensor: TensorPlan) -> Iterator[torch.Tensor]:
         """Output chunks (CPU tensors of the output dtype) covering the tensor in order."""
@@ -67,8 +96,13 @@ class Kernels:
             # spinning at their barriers on cores those threads hold, made each elementwise op
             # ~10x slower (a 0.25B slerp: 31 -> 4 s with one thread, measured).
             torch.set_num_threads(CPU_THREADS)
+        arithmetic = tensor_arithmetic(self.plan, tensor)
+        self._rounded = TORCH_DTYPES[arithmetic.rounded] if arithmetic.rounded else None
+        self._compute = TORCH_DTYPES[arithmetic.compute]
         try:
             for chunk in self._outputs(tensor):
+                if self._rounded is not None:  # mergekit's result, in its dtype
+                    chunk = chunk.to(self._rounded)
                 yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
         finally:
             torch.set_num_threads(previous)
@@ -80,7 +114,10 @@ class Kernels:
             yield from merge.chunks()
             return
         numel = math.prod(tensor.shape)
-        compute = self._computations[tensor.op](tensor)
+        if self._compute in NARROW and tensor.op in ("ties", "task_arithmetic"):
+            compute = self._narrow_task_vectors(tensor)
+        else:
+            compute = self._computations[tensor.op](tensor)
         step = self.compute_elements
         for start in range(0, numel, step):
             yield compute(start, min(step, numel - start))
@@ -96,15 +133,36 @@ class Kernels:
             "weighted_mean": lambda tensor: partial(weighted, self._reader(tensor), tensor),
             "slerp": lambda tensor: self._slerp(tensor).chunk,
             "sparsify": self._sparse_computation,
+            "multislerp": self._whole_tensor_computation,
+            "karcher": self._whole_tensor_computation,
+            "nearswap": lambda tensor: partial(nearswap, self._reader(tensor), tensor),
+            "sce": self._whole_tensor_computation,
+            "arcee_fusion": self._whole_tensor_computation,
         }
+
+    def _whole_tensor_computation(self, tensor: TensorPlan) -> Compute:
+        """multislerp, karcher, sce, arcee_fusion: statistics of the whole tensor first, taken
+        on the process's default threads where they must equal mergekit's sums."""
+        read, chunk = self._reader(tensor), self.selection_elements
+        merge: MultiSlerp | Karcher | Sce | Fusion
+        if tensor.op == "multislerp":
+            merge = MultiSlerp(read, tensor, chunk=chunk)
+        elif tensor.op == "karcher":
+            merge = Karcher(read, tensor, chunk=chunk, check_cancel=self.check_cancel)
+        elif tensor.op == "sce":
+            merge = Sce(read, tensor, chunk=chunk, in_memory=self.selection_in_memory)
+        else:
+            merge = Fusion(read, tensor, chunk=chunk)
+        merge.threads = self.default_threads
+        return merge.chunk
 
     def _slerp(self, tensor: TensorPlan) -> Slerp:
         info = self.plan.checkpoints[tensor.terms[0].source].tensors[tensor.read_name]
-        wide = _wide(TORCH_DTYPES[info.dtype])  # both inputs have one dtype (compatibility.py)
+        wide = self._compute or _wide(TORCH_DTYPES[info.dtype])  # both inputs have one dtype
         return Slerp(
             self._reader_into(tensor), tensor, step=self.selection_elements,
             cache_elements=self.selection_in_memory, workspace=self.workspace,
-            dtype=wide, output=TORCH_DTYPES[tensor.dtype],
+            dtype=wide, output=self._rounded or TORCH_DTYPES[tensor.dtype],
         )  # fmt: skip
 
     def _reader(self, tensor: TensorPlan) -> Read:
@@ -116,9 +174,11 @@ class Kernels:
 
     def _sparse_computation(self, tensor: TensorPlan) -> Compute:
         assert self.plan.sparsify is not None
-        merge = SparseMerge(
-            self._reader(tensor), tensor, self.plan.sparsify, self.selection_elements
-        )
+        kind = NarrowSparseMerge if self._compute in NARROW else SparseMerge
+        merge = kind(self._reader(tensor), tensor, self.plan.sparsify, self.selection_elements)
+        if isinstance(merge, NarrowSparseMerge):
+            merge.sorted_elements, merge.in_memory = self.sorted_elements, self.selection_in_memory
+            merge.threads = self.default_threads
         return merge.chunk
 
     def _reader_into(self, tensor: TensorPlan) -> ReadInto:
@@ -139,8 +199,13 @@ class Kernels:
             yield chunk.view(-1).view(torch.uint8).numpy().data
 
     def _read(self, source: int, name: str, start: int, count: int) -> torch.Tensor:
+        """Elements of an input's tensor in the arithmetic's dtype (rounded to mergekit's
+        narrow dtype first, where it computes in one)."""
         raw = read_planned(self.plan, source, name, start, count)
-        return raw.to(self.device).to(_wide(raw.dtype))
+        x = raw.to(self.device)
+        if self._rounded is not None:
+            x = x.to(self._rounded)
+        return x.to(self._compute or _wide(raw.dtype))
 
     def _read_into(self, source: int, name: str, start: int, out: torch.Tensor) -> None:
         """`out.numel()` elements of input `source`'s tensor `name` from `start`, widened into
@@ -148,13 +213,14 @@ class Kernels:
         on the CPU, else through a staging buffer that is kept (workspace.py)."""
         info = self.plan.checkpoints[source].tensors[name]
         dtype = TORCH_DTYPES[info.dtype]
-        if out.device.type == "cpu" and dtype == out.dtype:
+        rounded = self._rounded if self._rounded not in (None, dtype) else None
+        if out.device.type == "cpu" and dtype == out.dtype and rounded is None:
             self.plan.read_into(source, name, out.view(torch.uint8).numpy().data,
                                 start * info.itemsize)  # fmt: skip
             return
         raw = self._staging.take("read", torch.uint8, out.numel() * info.itemsize)
         self.plan.read_into(source, name, raw.numpy().data, start * info.itemsize)
-        out.copy_(raw.view(dtype))
+        out.copy_(raw.view(dtype) if rounded is None else raw.view(dtype).to(rounded))
 
     def _linear(self, tensor: TensorPlan, start: int, count: int) -> torch.Tensor:
         acc: torch.Tensor | None = None
@@ -181,12 +247,35 @@ class Kernels:
             mixed = delta if mixed is None else mixed.add_(delta)
         assert mixed is not None
         if settings.normalize:
-            divisor = float(torch.tensor([t.coefficient for t in tensor.terms]).sum())
+            weights = torch.tensor([t.coefficient for t in tensor.terms], dtype=base.dtype)
+            divisor = float(weights.sum())  # summed in the arithmetic's dtype, as mergekit
             if abs(divisor) >= 1e-8:
                 mixed.div_(divisor)
         if settings.lambda_ != 1.0:
             mixed.mul_(settings.lambda_)
         return base.add_(mixed)
+
+    def _narrow_task_vectors(self, tensor: TensorPlan) -> Compute:
+        """Task arithmetic or TIES in mergekit's bf16 or fp16 arithmetic (narrow_torch.py),
+        compiled on the CPU: each delta trimmed to the entries selected, then combined."""
+        trimmed = tensor.op == "ties"
+        selections: list[Selection] = [None] * len(tensor.terms)
+        if trimmed:
+            selections = self._narrow_selections(tensor)
+        merge = NarrowTaskVectors(self._reader(tensor), tensor, self._ties_settings(), selections)
+        return merge.compiled_chunk if self.device.type == "cpu" else merge.chunk
+
+    def _narrow_selections(self, tensor: TensorPlan) -> list[Selection]:
+        """Each delta's kept entries: mergekit's (torch's sort of the whole |δ|) for a tensor
+        that fits in memory, else top_k's (equal |δ| at the cut in flat order)."""
+        numel, settings = math.prod(tensor.shape), self._ties_settings()
+        if settings.density >= 1.0 or numel > self.sorted_elements:
+            return list(self._ties_selections(tensor))
+        ranks = (0, settings.kept(numel))
+        return [
+            sorted_mask(self._magnitudes(tensor, t.source)(), numel, ranks, descending=True)
+            for t in tensor.terms
+        ]
 
     def _ties_settings(self) -> TiesSettings:
         assert self.plan.ties is not None
@@ -203,7 +292,8 @@ class Kernels:
                 self.check_cancel()
                 count = min(step, numel - start)
                 x = self._read(source, tensor.read_name, start, count)
-                yield x.sub_(self._read(base, tensor.read_name, start, count)).abs_()
+                x = x.sub_(self._read(base, tensor.read_name, start, count)).abs_()
+                yield x.float() if x.dtype in NARROW else x  # exact: top_k takes float32
 
         return chunks
 
@@ -212,7 +302,7 @@ class Kernels:
         if density >= 1.0:
             return [None] * len(tensor.terms)
         numel = math.prod(tensor.shape)
-        k = max(1, math.ceil(density * numel))
+        k = self._ties_settings().kept(numel)
         return [
             top_k(self._magnitudes(tensor, t.source), k, numel=numel,
                   in_memory=self.selection_in_memory)

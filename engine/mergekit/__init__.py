@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import RecipeError
-from engine.mergekit.config import TOP_LEVEL, IsLocal, dtype_name, read, whole_models
+from engine.mergekit.chat_templates import check as check_chat_template
+from engine.mergekit.config import (
+    TOP_LEVEL,
+    IsLocal,
+    dtype_name,
+    model_source,
+    read,
+    whole_models,
+)
 from engine.mergekit.origin import MergekitOrigin
 from engine.mergekit.tokenizer import tokenizer_source
 from engine.methods import Method, mergekit_methods
@@ -25,10 +33,9 @@ from engine.translation.config import Input, MergekitConfig
 from engine.translation.translators import Translation
 
 __all__ = ["NOT_YET", "MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
-_NARROW = ("bfloat16", "float16")  # mergekit's arithmetic in these is less precise than ours
 # mergekit 0.1.5's other methods (merge_methods/registry.py), refused by name until Layerswap
 # has them.
-NOT_YET = ("multislerp", "nearswap", "ram", "ramplus_tl", "sce", "arcee_fusion", "karcher")
+NOT_YET = ("ram", "ramplus_tl")
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,12 @@ def translate(
     is_local: IsLocal,
     output: dict[str, Any] | None = None,
     credential: str | None = None,
+    arithmetic: str | None = None,
 ) -> Translated:
     """The Layerswap recipe for a mergekit config. `is_local` tells a local directory from a
     Hub repository (mergekit: a path that exists is local); `output` and `credential` are
-    Layerswap's options the config has no word for (publishing, shard size, a Hub credential).
+    Layerswap's options the config has no word for (publishing, shard size, a Hub credential);
+    `arithmetic` replaces mergekit's (the config's `dtype`) with the dtype asked for.
     Raises RecipeError naming the mergekit field, or `output.*` / `credential`."""
     config = read(data, is_local)
     method = _method(config.method)
@@ -62,13 +71,11 @@ def translate(
         whole_models(config)
     _check_parameter_names(config, translation, restacked=restacked)
     recipe = {"method": method.name, **translation.translate(config, translation)}
-    recipe["output"] = _output(data, config, dict(output or {}), computes=not restacked)
+    recipe["output"] = _output(data, dict(output or {}))
+    recipe["arithmetic"] = _arithmetic(data, config, arithmetic)
     if credential is not None:
         recipe["credential"] = credential
-    if data.get("chat_template") is not None:
-        raise RecipeError.for_field(
-            "chat_template", "not supported: the output keeps its tokenizer's own chat template"
-        )
+    check_chat_template(data.get("chat_template"))
     tokenizer = tokenizer_source(data, config, recipe, is_local)
     fields = _source_fields(config, recipe, restacked=restacked)
     if tokenizer is not None:
@@ -79,6 +86,10 @@ def translate(
         tuple(config.warnings),
         config.depth,
         fields,
+        # mergekit's donor of config.json and the tokenizer: the config's own base_model
+        model_source(data["base_model"], "base_model", is_local)
+        if data.get("base_model")
+        else None,
     )
     return Translated(parsed, origin)
 
@@ -143,9 +154,22 @@ def _ignored(
     return None
 
 
-def _output(
-    data: dict[str, Any], config: MergekitConfig, out: dict[str, Any], *, computes: bool
-) -> dict[str, Any]:
+def _arithmetic(data: dict[str, Any], config: MergekitConfig, asked: str | None) -> str:
+    """mergekit's: its `dtype`, or without one the checkpoints' own; one asked for instead is
+    said in a warning."""
+    dtype = dtype_name(data["dtype"], "dtype") if data.get("dtype") is not None else None
+    mergekit = dtype or "source"
+    if asked is not None and asked != mergekit:
+        theirs = dtype or "the checkpoints' own dtype"
+        config.warnings.append(
+            f"arithmetic {asked}: mergekit computes in {theirs}; the output is computed in "
+            f"{asked} as asked, so it is not mergekit's bit for bit"
+        )
+        return asked
+    return mergekit
+
+
+def _output(data: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     if "dtype" in out:
         raise RecipeError.for_field(
             "output.dtype", "set by the mergekit config's out_dtype (or dtype), not here"
@@ -155,12 +179,6 @@ def _output(
     if data.get("out_dtype") is not None:
         out_dtype = dtype_name(data["out_dtype"], "out_dtype")
     out["dtype"] = out_dtype or dtype or "source"  # mergekit writes in dtype unless out_dtype
-    if dtype in _NARROW and computes:  # a restacked model's layers are copied
-        config.warnings.append(
-            f"dtype {dtype}: mergekit would compute in {dtype}; Layerswap computes in float32 "
-            f"and rounds once to {out['dtype']}, so the output is at least as precise and may "
-            "differ from mergekit's in the last bit"
-        )
     if data.get("name") is not None:
         if "name" in out:
             raise RecipeError.for_field("output.name", "the mergekit config's name names it")

@@ -20,9 +20,9 @@ TOP_LEVEL = frozenset(
     {"merge_method", "models", "slices", "modules", "base_model", "parameters", "dtype",
      "out_dtype", "tokenizer_source", "tokenizer", "chat_template", "name"}
 )  # fmt: skip
-# mergekit's dtype names (common.dtype_from_name); float64 and int64 it knows too, but
-# Layerswap computes in float32 and writes only these.
-DTYPES = ("bfloat16", "float16", "float32")
+# mergekit's float dtype names (common.dtype_from_name; it knows int64 too, which no merge
+# computes in): what it computes in (`dtype`) and writes.
+DTYPES = ("bfloat16", "float16", "float32", "float64")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 IsLocal = Callable[[str], bool]
 
@@ -260,6 +260,6 @@ def dtype_name(value: Any, field: str) -> str:
     if name not in DTYPES:
         raise RecipeError.for_field(
             field,
-            f"{quoted(value)}: Layerswap computes in float32 and writes {', '.join(DTYPES)}",
+            f"{quoted(value)}: Layerswap computes in and writes {', '.join(DTYPES)}",
         )
     return str(name)

@@ -1,19 +1,23 @@
 """What a recipe translated from a mergekit config carries beside it, from submit to manifest:
 the config as given (lineage), what differs from mergekit (plan warnings), the layer count a
-whole-model slice assumed (checked once the checkpoints are open), and the mergekit field of
-each source and of tokenizer_source (so an error names the field the user wrote)."""
+whole-model slice assumed (checked once the checkpoints are open), the mergekit field of each
+source and of tokenizer_source (so an error names the field the user wrote), and the model
+mergekit takes config.json and the tokenizer from (side_files.py writes them as mergekit
+does)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.errors import RecipeError
+from engine.mergekit.side_files import donate, write
 from engine.plan.model import MEAN, Plan
 
 # An engine or service error: a message and details naming the field.
 E = TypeVar("E", bound=Exception)
-_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}  # mergekit's dtype names
+_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
 
 
 @dataclass(frozen=True)
@@ -22,9 +26,11 @@ class MergekitOrigin:
     warnings: tuple[str, ...] = ()
     depth: tuple[str, int] | None = None  # (field, layers) of a slice read as whole models
     source_fields: dict[str, str] = field(default_factory=dict)  # recipe field -> mergekit's
+    donor: str | None = None  # the source of the config's base_model (None: it has none)
 
     def apply(self, plan: Plan) -> None:
-        """Refuse a plan the config does not describe; add the translation's warnings."""
+        """Refuse a plan the config does not describe; take config.json and the tokenizer from
+        mergekit's donor; add the translation's warnings."""
         if self.depth is not None:
             where, layers = self.depth
             if plan.num_layers != layers:
@@ -34,7 +40,8 @@ class MergekitOrigin:
                     f"[0, {layers}) must span every layer of the models, which have {found} "
                     "layers: Layerswap merges whole models (a part is passthrough's)",
                 )
-        said = [*self.warnings, *self._averaged_rows(plan)]
+        donated = donate(plan, self.donor, self.config.get("chat_template"))
+        said = [*self.warnings, *self._averaged_rows(plan), *donated]
         plan.warnings[:0] = [w for w in said if w not in plan.warnings]
 
     def _averaged_rows(self, plan: Plan) -> list[str]:
@@ -54,6 +61,11 @@ class MergekitOrigin:
             f"checkpoints' dtype; mergekit computes them in {dtype}, so they may differ from "
             "mergekit's in the last bit"
         ]
+
+    def write_side_files(self, plan: Plan, staging: Path, dtype: str) -> list[str]:
+        """config.json and the tokenizer's files, as mergekit writes them, into `staging` (after
+        apply); the names written."""
+        return write(plan, staging, dtype, self.config.get("chat_template"))
 
     def renamed(self, error: E, *, prefix: str = "") -> E:
         """`error` (an EngineError or ServiceError) naming the mergekit field, under `prefix`,
@@ -77,6 +89,7 @@ class MergekitOrigin:
             "warnings": list(self.warnings),
             "depth": list(self.depth) if self.depth else None,
             "source_fields": self.source_fields,
+            "donor": self.donor,
         }
 
     @classmethod
@@ -87,4 +100,5 @@ class MergekitOrigin:
             tuple(data.get("warnings") or ()),
             (str(depth[0]), int(depth[1])) if depth else None,
             dict(data.get("source_fields") or {}),
+            data.get("donor"),
         )

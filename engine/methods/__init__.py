@@ -5,14 +5,19 @@ them, and everything else derives from it when built or asked (engine/methods/ba
 from __future__ import annotations
 
 from engine.methods import (
+    arcee_fusion,
     breadcrumbs,
     dare,
     della,
+    karcher,
     layer_swap,
     linear,
     model_stock,
+    multislerp,
+    nearswap,
     nuslerp,
     passthrough,
+    sce,
     slerp,
     soup,
     task_arithmetic,
@@ -62,6 +67,11 @@ for _method in (
     breadcrumbs.BREADCRUMBS_TIES,
     della.DELLA,
     della.DELLA_LINEAR,
+    multislerp.METHOD,
+    karcher.METHOD,
+    nearswap.METHOD,
+    sce.METHOD,
+    arcee_fusion.METHOD,
 ):
     register(_method)
 

@@ -19,6 +19,8 @@ from engine.translation.translators import Translation
 Rule = Callable[[str, int | None], tuple[Op, tuple[Term, ...], str]]
 # (tensor name, layer index or None) -> a `sparsify` tensor's amounts
 ThinningRule = Callable[[str, int | None], Thinning]
+# (tensor name, layer index or None) -> the op's own numbers for it (TensorPlan.scalars)
+ScalarsRule = Callable[[str, int | None], tuple[tuple[str, float], ...]]
 
 
 @dataclass
@@ -88,6 +90,7 @@ class MethodPlan:
     ties: TiesSettings | None = None
     sparsify: SparsifySettings | None = None
     thinning: ThinningRule | None = None  # asked for each tensor the rule makes `sparsify`
+    scalars: ScalarsRule | None = None  # asked for each tensor the rule makes, if given
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     # A method that changes the model's shape lists every output tensor itself, in order,
     # instead of a rule over config_input's tensors; and the output's layer count.

@@ -157,8 +157,8 @@ def plan_sparsify(
     seed = q.random_seed()
     return MethodPlan(
         rule=rule,
-        config_input=models[0],
-        tokenizer_input=models[0],
+        config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
+        tokenizer_input=base,
         sparsify=SparsifySettings(base, dropping, consensus, q.normalize, q.rescale, seed),
         thinning=thinning,
         resolved_weights=_resolved_weights(weights, seed),

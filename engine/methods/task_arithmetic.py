@@ -66,8 +66,8 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
 
     return MethodPlan(
         rule=rule,
-        config_input=models[0],
-        tokenizer_input=models[0],
+        config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
+        tokenizer_input=base,
         # density 1: nothing is trimmed (the settings are TIES's shape)
         ties=TiesSettings(base, 1.0, q.lambda_, q.normalize),
         resolved_weights={"models": resolved, "lambda": q.lambda_},

@@ -1,9 +1,10 @@
 """TIES merging (Yadav et al. 2023) as common open-source tools formulate it.
 
-Per tensor: δ_i = T_i − base; keep the top `density` fraction of |δ_i| (ties at the
-threshold are kept); weight by w_i; elect the sign of Σ w_i·δ_i (zero counts as +);
-sum the entries that agree with it; with `normalize`, divide by the Σ w_i of the agreeing
-entries (0 → 1); out = base + λ·sum. The arithmetic lives in torch_kernels.py.
+Per tensor: δ_i = T_i − base; keep its k = ⌊density·n⌋ largest |δ_i| (at least one; of equal
+|δ_i| at the cut, the first in flat order), as mergekit keeps them; weight by w_i; elect the
+sign of Σ w_i·δ_i (zero counts as +); sum the entries that agree with it; with `normalize`,
+divide by the Σ w_i of the agreeing entries (0 → 1); out = base + λ·sum. The arithmetic lives
+in torch_kernels.py. The output takes the base's config and tokenizer.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
 
     return MethodPlan(
         rule=rule,
-        config_input=models[0],
-        tokenizer_input=models[0],
+        config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
+        tokenizer_input=base,
         ties=TiesSettings(base, q.density, q.lambda_, q.normalize),
         resolved_weights={"models": resolved},
     )
@@ -87,11 +88,6 @@ def translate_ties(config: MergekitConfig, translation: Translation) -> dict[str
     density = _density(config, models, translation.parameter("density").default)
     if read_parameter(config, translation, "rescale"):
         raise RecipeError.for_field("parameters.rescale", "Layerswap's ties does not rescale")
-    if density < 1:
-        config.warnings.append(
-            f"density {density}: Layerswap's ties keeps the ⌈density·n⌉ largest entries of each "
-            "delta, mergekit ⌊density·n⌋ (at least 1): one entry more where density·n is fractional"
-        )
     params = {"weights": weights, "density": density,
               "lambda": read_parameter(config, translation, "lambda"),
               "normalize": read_parameter(config, translation, "normalize")}  # fmt: skip
@@ -124,7 +120,7 @@ METHOD = Method(
     plan=plan_ties,
     summary="trim, elect sign, disjoint merge (Yadav et al. 2023)",
     formula="base + λ·Σ wᵢ·δᵢ over the entries whose sign agrees with the elected sign of "
-    "Σ wᵢ·δᵢ, δᵢ = Tᵢ − base trimmed to its ⌈density·n⌉ largest |δᵢ| (÷ the agreeing Σ wᵢ "
+    "Σ wᵢ·δᵢ, δᵢ = Tᵢ − base trimmed to its ⌊density·n⌋ largest |δᵢ| (÷ the agreeing Σ wᵢ "
     "with normalize)",
     title="TIES merging",
     tags=("ties",),

@@ -25,7 +25,11 @@ from engine.io.safetensors_format import DTYPE_SIZES
 # sparsify: DARE, breadcrumbs, DELLA (Plan.sparsify, TensorPlan.thinning);
 # task_arithmetic: base + λ·Σ c_i·(T_i − base) in that order (plan.ties holds base, λ, normalize);
 # nuslerp (+ base when a third term), model_stock (models, then base): angles between the whole
-# tensors, or per row (along the last dim), or per column (along the first): angle_torch.py.
+# tensors, or per row (along the last dim), or per column (along the first): angle_torch.py;
+# multislerp (models, then the base if any) and karcher (every input): spherical means of the
+# whole tensors (sphere_torch.py); nearswap, arcee_fusion (base, then the model) and sce
+# (models, then base): nearswap_torch.py, fusion_torch.py, sce_torch.py. TensorPlan.scalars
+# holds what these take besides their terms.
 Op = Literal[
     "copy",
     "linear",
@@ -40,6 +44,11 @@ Op = Literal[
     "nuslerp_columns",
     "model_stock",
     "model_stock_rows",
+    "multislerp",
+    "karcher",
+    "nearswap",
+    "sce",
+    "arcee_fusion",
 ]
 ANGLE_OPS = frozenset(
     {"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows"}
@@ -76,6 +85,9 @@ class TensorPlan:
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
     thinning: Thinning | None = None  # for op sparsify
+    # The op's own numbers besides its terms' coefficients, by name (multislerp's eps,
+    # karcher's tol, nearswap's t, sce's select_topk, ...), resolved for this tensor.
+    scalars: tuple[tuple[str, float], ...] = ()
 
     @property
     def read_name(self) -> str:
@@ -100,6 +112,11 @@ class TiesSettings:
     density: float
     lambda_: float
     normalize: bool
+
+    def kept(self, numel: int) -> int:
+        """How many entries of a delta of `numel` TIES keeps: ⌊density·numel⌋ of the float
+        product, at least one (mergekit's rule, and the TIES paper's); every one at density 1."""
+        return numel if self.density >= 1.0 else max(1, int(self.density * numel))
 
 
 Dropping = Literal["random", "outliers", "magprune"]
@@ -180,6 +197,8 @@ class Plan:
     layer_stack: LayerStack | Refusal | None = None  # where the layers are, by which rule
     # config.json keys (dotted paths) the output changes: a passthrough's layer count.
     config_changes: dict[str, Any] = field(default_factory=dict)
+    # The recipe's arithmetic: the dtype each tensor is computed in (plan/arithmetic.py).
+    arithmetic: str = "float32"
     # Set when the inputs' vocabularies are aligned (recipe field tokenizer_source).
     vocabulary: AlignedVocabulary | None = field(default=None, repr=False, compare=False)
     checkpoints: list[Checkpoint] = field(default_factory=list, repr=False, compare=False)
@@ -268,6 +287,7 @@ class Plan:
             **({"config_changes": self.config_changes} if self.config_changes else {}),
             **({"vocabulary": self.vocabulary.to_dict()} if self.vocabulary else {}),
             **({"sparsify": asdict(self.sparsify)} if self.sparsify else {}),
+            **({"arithmetic": self.arithmetic} if self.arithmetic != "float32" else {}),
         }
 
     def digest(self) -> str:
@@ -301,6 +321,7 @@ def _tensor_dict(t: TensorPlan) -> dict[str, Any]:
         "terms": [[term.source, term.coefficient] for term in t.terms],
         **({"input_name": t.input_name} if t.input_name else {}),
         **({"thinning": _thinning_dict(t.thinning)} if t.thinning else {}),
+        **({"scalars": dict(t.scalars)} if t.scalars else {}),
     }
 
 

@@ -42,6 +42,11 @@ TOKENIZER_BASE, TOKENIZER_UNION, TOKENIZER_MODEL_PREFIX = "base", "union", "mode
 MAX_EXPERTS_PER_ROLE = 32
 MAX_MODELS = 64
 MAX_SLICES = 256  # each is a run of layers; MAX_LAYERS bounds their total at plan time
+# The dtype a merge computes in (mergekit's `dtype`): the inputs are rounded to it and each step
+# rounded in it as mergekit rounds it. float32: float32 (float64 where an input is F64), rounded
+# once to the output dtype; source: each tensor's inputs' own dtype (promoted where they
+# differ), as mergekit computes without a `dtype`.
+Arithmetic = Literal["float32", "float64", "bfloat16", "float16", "source"]
 Weights = (
     Literal["uniform", "magnitude"]
     | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
@@ -100,7 +105,7 @@ class OutputOptions(Strict):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
         description="service only: the output artifact's name (default: from the job id)",
     )
-    dtype: Literal["source", "bfloat16", "float16", "float32"] = "source"
+    dtype: Literal["source", "bfloat16", "float16", "float32", "float64"] = "source"
     # 2 GB by default: the shards are hashed side by side (a sha256 is serial, ~2 GB/s a core),
     # here and when the Hub client uploads them, where one 5 GB file would take one core.
     shard_size: int | str = Field("2GB", description="largest shard, e.g. 2GB, 500MB, 1GiB")
@@ -157,6 +162,13 @@ class RecipeBase(Strict):
     base: Source | None = None
     output: OutputOptions = OutputOptions()
     credential: Credential = None  # for hf:// sources
+    arithmetic: Arithmetic = Field(
+        "float32",
+        description="the dtype the merge computes in: float32 (float64 for F64 inputs), "
+        "rounded once to the output dtype; bfloat16, float16 or float64 round the inputs to it "
+        "and every step in it as mergekit does with that `dtype`; source: the inputs' own dtype "
+        "(mergekit without a `dtype`). A translated mergekit config takes its `dtype`",
+    )
     tokenizer_source: str | None = Field(
         None,
         min_length=1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import click
 import yaml
@@ -17,6 +17,7 @@ from engine.merge import merge as run_merge
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.planner import make_plan, reject_unknown_source
 from engine.recipe import HubDestination, Recipe, parse_recipe
+from engine.schema.parts import Arithmetic
 from engine.schema.user_yaml import load_yaml
 from layerswap.cli.common import cache_dir, engine_errors, hub_token, progress_bar
 from layerswap.cli.mergekit_flags import mergekit_options, take_mergekit_flags
@@ -25,8 +26,11 @@ if TYPE_CHECKING:
     from core.hub.fetch import FetchedInputs
 
 
-def load_recipe_file(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
-    """The recipe in `path`; a mergekit config translated, with what it carries beside."""
+def load_recipe_file(
+    path: Path, arithmetic: str | None = None
+) -> tuple[Recipe, MergekitOrigin | None]:
+    """The recipe in `path`; a mergekit config translated, with what it carries beside.
+    `arithmetic` replaces the recipe's (or the mergekit config's `dtype`)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -35,10 +39,13 @@ def load_recipe_file(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
         raise RecipeError.for_field("recipe", f"{path} is not UTF-8 text ({e.reason})") from None
     data = load_yaml(text, "recipe", name=str(path))  # bounded: aliases, nesting, size
     if not is_mergekit_config(data):
-        return parse_recipe(data), None
+        asked = {"arithmetic": arithmetic} if arithmetic else {}
+        return parse_recipe({**data, **asked} if isinstance(data, dict) else data), None
     # mergekit: a model that is a directory is local, anything else a Hub repository. Local
     # paths are relative to the config file, as in every recipe.
-    translated = translate(data, is_local=lambda ref: (path.parent / ref).is_dir())
+    translated = translate(
+        data, is_local=lambda ref: (path.parent / ref).is_dir(), arithmetic=arithmetic
+    )
     return translated.recipe, translated.origin
 
 
@@ -65,6 +72,13 @@ def local_resolver(root: Path) -> Callable[[str], Path]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-fsync", is_flag=True, help="Skip fsync before publishing (faster, less safe).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option(
+    "--arithmetic",
+    type=click.Choice(get_args(Arithmetic)),
+    help="The dtype to compute in, replacing the recipe's `arithmetic` (float32 unless it "
+    "sets one) or a mergekit config's `dtype`: float32 computes a bf16 or fp16 config more "
+    "precisely than mergekit, and not to its bytes.",
+)
 @mergekit_options
 def merge(
     recipe_file: Path,
@@ -75,6 +89,7 @@ def merge(
     overwrite: bool,
     no_fsync: bool,
     quiet: bool,
+    arithmetic: str | None,
     **mergekit_flags: object,
 ) -> None:
     """Merge the checkpoints named in RECIPE_FILE (YAML: a Layerswap recipe, or a mergekit
@@ -84,9 +99,10 @@ def merge(
     cuda, notes = take_mergekit_flags(mergekit_flags)
     out_dir = _output_path(out_path, out_dir, dry_run=dry_run)
     device = "cuda" if cuda and device == "cpu" else device
-    click.echo("".join(f"{note}\n" for note in notes), err=True, nl=False)
+    for note in notes:
+        click.echo(note, err=True)
     with engine_errors():
-        recipe, mergekit = _local_recipe(recipe_file)
+        recipe, mergekit = _local_recipe(recipe_file, arithmetic)
         local = local_resolver(recipe_file.parent)
         recipe, fetched = _pin_and_fetch(recipe, local, headers_only=dry_run)
         try:
@@ -114,8 +130,10 @@ def merge(
             _publish(result, recipe.output.hub)
 
 
-def _local_recipe(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
-    recipe, mergekit = load_recipe_file(path)
+def _local_recipe(
+    recipe_file: Path, arithmetic: str | None
+) -> tuple[Recipe, MergekitOrigin | None]:
+    recipe, mergekit = load_recipe_file(recipe_file, arithmetic)
     if recipe.output.mlflow is not None:
         raise click.UsageError(
             "output.mlflow registers a merge made by the service (POST /v1/merges); "
@@ -127,7 +145,7 @@ def _local_recipe(path: Path) -> tuple[Recipe, MergekitOrigin | None]:
 def _show_plan(
     recipe: Recipe, resolve: Callable[[str], Path], mergekit: MergekitOrigin | None
 ) -> None:
-    """--dry-run: the per-layer plan (and a mergekit config's translated recipe)."""
+    """The dry run: the plan's table (after a mergekit config's translated recipe)."""
     plan = make_plan(recipe, resolve=resolve)
     plan.close()
     if mergekit is not None:

@@ -9,13 +9,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 import httpx
 from tqdm import tqdm
 
 from engine.errors import RecipeError
+from engine.schema.parts import Arithmetic
 from engine.schema.user_yaml import load_yaml
 from layerswap_client import Client, LayerswapError
 
@@ -93,15 +94,25 @@ def ended(job: Any) -> None:
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job until it ends.")
 @click.option("--idempotency-key", help="Resubmitting with the same key returns the same job.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option(
+    "--arithmetic",
+    type=click.Choice(get_args(Arithmetic)),
+    help="A merge's arithmetic dtype, replacing the recipe's or a mergekit config's `dtype`.",
+)
 def submit(
-    recipe: Path, server: str, kind: str, wait_: bool, idempotency_key: str | None, quiet: bool
-) -> None:
+    recipe: Path, server: str, kind: str, wait_: bool, idempotency_key: str | None, quiet: bool,
+    arithmetic: str | None,
+) -> None:  # fmt: skip
     """Submit RECIPE (YAML or JSON: a merge recipe or mergekit config, or an evaluation /
     analysis request) to a running service; prints the job id, or with --wait the ended job
     (exit 1 unless it succeeded)."""
     body = read_body(recipe)
     if kind == "merge" and "merge_method" in body:  # a mergekit config: the service translates
         body = {"mergekit": body}
+    if arithmetic is not None:
+        if kind != "merge":
+            raise click.UsageError("--arithmetic is a merge's")
+        body["arithmetic"] = arithmetic
     with remote(server) as client:
         jobs = getattr(client, KINDS[kind])
         job = jobs.create(body, idempotency_key=idempotency_key)

@@ -284,6 +284,7 @@ def _recipe_of(
             is_local=is_local,
             output=body.output.model_dump(mode="json", exclude_unset=True),
             credential=body.credential,
+            arithmetic=body.arithmetic,
         )
     except RecipeError as e:
         raise _in_body(e) from None

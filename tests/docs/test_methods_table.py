@@ -62,20 +62,21 @@ def test_the_table_shows_what_a_reader_needs(hook: ModuleType) -> None:
     assert "`experts`: task and language" in table["layer_swap"]
     assert "`slices` (<code>list[{sources}]</code>, required)" in table["passthrough"]
     assert "∈ [0, 0.5)" in table["della"] and "∈ [0, 1)" in table["breadcrumbs"]
-    assert "⌈density·n⌉ largest \\|δᵢ\\|" in table["ties"]  # a | would end the cell
+    assert "⌊density·n⌋ largest \\|δᵢ\\|" in table["ties"]  # a | would end the cell
 
 
 def test_the_page_gets_the_table_at_its_marker_and_only_there(hook: ModuleType) -> None:
     page = (ROOT / "docs" / hook.METHODS_PAGE).read_text()
     assert page.count(hook.MARKER) == 1
-    assert not rows(page), "a hand-written method row on the page"
+    assert not rows(page).keys() & METHODS.keys(), "a hand-written method row on the page"
 
     def render(uri: str, markdown: str) -> str:
         found = SimpleNamespace(file=SimpleNamespace(src_uri=uri))
         rendered: str = hook.on_page_markdown(markdown, page=found, config=None, files=None)
         return rendered
 
-    assert list(rows(render(hook.METHODS_PAGE, page))) == list(METHODS)
+    rendered = rows(render(hook.METHODS_PAGE, page))
+    assert [name for name in rendered if name in METHODS] == list(METHODS)
     assert render("concepts/layer-swap.md", hook.MARKER) == hook.MARKER
     with pytest.raises(PluginError, match="methods table"):
         render(hook.METHODS_PAGE, "# Other methods\n")

@@ -26,17 +26,23 @@ RUNNER = Path(__file__).with_name("mergekit_runner.py")
 
 
 def run_mergekit(config: dict[str, Any], out: Path) -> Path:
+    config_file = out.with_suffix(".yml")
+    config_file.write_text(yaml.safe_dump(config))
+    reply = mergekit_reply(config_file, out)
+    assert reply["ok"], f"mergekit failed:\n{reply['error']}"
+    return out
+
+
+def mergekit_reply(config_file: Path, out: Path, *args: str) -> dict[str, Any]:
+    """mergekit-yaml CONFIG_FILE OUT --allow-crimes ARGS, run in the one long-lived process:
+    {"ok": true}, or {"ok": false, "error": its traceback's end}."""
     if not MERGEKIT.exists():
         pytest.fail(
             f"{MERGEKIT} is missing: run `bash bench/setup.sh` (scripts/test.sh does) to install "
             "mergekit 0.1.5 for the parity tests",
             pytrace=False,
         )
-    config_file = out.with_suffix(".yml")
-    config_file.write_text(yaml.safe_dump(config))
-    reply = _runner().run(config_file, out)
-    assert reply["ok"], f"mergekit failed:\n{reply['error']}"
-    return out
+    return _runner().run(config_file, out, args)
 
 
 class _Runner:
@@ -54,9 +60,11 @@ class _Runner:
         self.replies = os.fdopen(read_end)
         atexit.register(self.close)
 
-    def run(self, config: Path, out: Path) -> dict[str, Any]:
+    def run(self, config: Path, out: Path, args: tuple[str, ...] = ()) -> dict[str, Any]:
+        """mergekit-yaml CONFIG OUT --allow-crimes ARGS: {"ok": true} or {"ok": false, "error"}."""
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"config": str(config), "out": str(out)}) + "\n")
+        request = {"config": str(config), "out": str(out), "args": list(args)}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.replies.readline()
         if not line:  # the process died: its log says why

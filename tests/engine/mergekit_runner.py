@@ -1,8 +1,9 @@
 """mergekit-yaml's command, run again and again in one process of .venv-bench's Python, so that
 the parity tests pay its start-up (torch, transformers: seconds) once instead of per config.
 
-One request per line on stdin, `{"config": path, "out": path}`; one reply per line on the
-descriptor given as the only argument, `{"ok": true}` or `{"ok": false, "error": traceback}`.
+One request per line on stdin, `{"config": path, "out": path}` and optionally `"args"` (more of
+mergekit-yaml's options); one reply per line on the descriptor given as the only argument,
+`{"ok": true}` or `{"ok": false, "error": traceback}`.
 mergekit's own output goes to stderr. Its per-thread cache of model loaders is emptied before
 each run, so that a run sees the files as they are then, as a fresh process would.
 """
@@ -24,7 +25,12 @@ def serve(replies: int) -> None:
             LoaderCache.loaders.clear()
             try:
                 main.main(
-                    args=[request["config"], request["out"], "--allow-crimes"],
+                    args=[
+                        request["config"],
+                        request["out"],
+                        "--allow-crimes",
+                        *request.get("args", []),
+                    ],
                     standalone_mode=False,
                 )
                 reply = {"ok": True}

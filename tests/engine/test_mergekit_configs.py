@@ -31,10 +31,8 @@ FILTERED_T = [
 
 
 def configs(llama: Family, llama32: Family) -> dict[str, dict[str, Any]]:
-    """One config per method, as a model card would hold it: bf16 checkpoints where the
-    arithmetic's rounding to bf16 is the same on both sides, float32 where mergekit computes
-    in the checkpoints' dtype (TIES, task arithmetic, nuslerp, model_stock) or breaks |δ| ties
-    by its sort order."""
+    """One config per method, as a model card would hold it, each computed in its `dtype` as
+    mergekit computes (bf16 and fp16 configs of every method: test_mergekit_arithmetic.py)."""
     m, m32 = (lambda x: str(getattr(llama, x))), (lambda x: str(getattr(llama32, x)))
     return {
         "linear": {
@@ -194,10 +192,7 @@ def test_a_mergekit_config_merges_as_mergekit_does(
     manifest = json.loads((ours / "layerswap.json").read_text())
     assert manifest["mergekit_config"] == config
     assert manifest["recipe"]["method"] == method
-    if method == "linear":  # dtype bfloat16: mergekit's arithmetic would be narrower
-        assert any(w.startswith("dtype bfloat16: mergekit would compute") for w in
-                   manifest["warnings"])  # fmt: skip
-        assert "warning: dtype bfloat16" in done.stderr
+    assert manifest["recipe"]["arithmetic"] == config["dtype"]  # mergekit's
     if method == "passthrough":
         for out in (ours, theirs):
             assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 8
@@ -226,7 +221,8 @@ def test_a_sparsifying_config_merges_as_its_recipe_does(
     assert done.returncode == 0, done.stderr
     recipe = {"method": "della", "base": llama.base, "models": [llama.task, llama.language],
               "params": {"weights": [1.0, 0.6], "density": [[0.3, 0.7], 0.5],
-                         "epsilon": [0.15, 0.2], "lambda": 1.1}}  # fmt: skip
+                         "epsilon": [0.15, 0.2], "lambda": 1.1},
+              "arithmetic": "bfloat16"}  # fmt: skip
     direct = run_merge(recipe)
     weights = "model.safetensors"
     assert (tmp_path / "ours" / weights).read_bytes() == (direct.out_dir / weights).read_bytes()
@@ -265,6 +261,29 @@ def test_a_random_sparsifying_config_runs_seeded(
     kept = float((merged != base).float().mean())
     assert abs(kept - 0.3) < 0.02, kept
     assert_forward_pass(tmp_path / "ours")
+
+
+def test_arithmetic_float32_on_the_command_line_is_layerswaps_own(
+    llama: Family, tmp_path: Path
+) -> None:
+    """`--arithmetic float32` on a bf16 config: computed in float32 and rounded once, as
+    mergekit computes with `dtype: float32` (and out_dtype bf16), and said in a warning."""
+    m = lambda x: str(getattr(llama, x))  # noqa: E731
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": m("base"),
+        "models": [{"model": m("task"), "parameters": {"weight": 0.7}},
+                   {"model": m("language"), "parameters": {"weight": 0.4}}],
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    done = merge_config(config, tmp_path, "--arithmetic", "float32")
+    assert done.returncode == 0, done.stderr
+    assert "warning: arithmetic float32: mergekit computes in bfloat16" in done.stderr
+    manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
+    assert manifest["recipe"]["arithmetic"] == "float32"
+    wide = {**config, "dtype": "float32", "out_dtype": "bfloat16"}
+    mine, theirs = load(tmp_path / "ours"), load(run_mergekit(wide, tmp_path / "mergekit"))
+    assert max(ulp_distance(mine[n], theirs[n]) for n in mine) == 0
 
 
 def test_dry_run_shows_the_translated_recipe(

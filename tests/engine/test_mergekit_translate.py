@@ -12,6 +12,7 @@ import pytest
 
 from engine.errors import RecipeError
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
+from engine.plan.model import InputRef
 from engine.recipe import recipe_to_dict
 from engine.schema.settings import position, resolve
 from engine.vocabulary.alignment import EVERY, MEAN
@@ -152,7 +153,7 @@ def test_linear() -> None:
     assert recipe(config) | {"output": None} == {
         "method": "linear", "base": None, "models": ["hf://org/a", "./b"],
         "params": {"weights": [0.3, [1.0, 0.0, 2.0]], "normalize": False},
-        "output": None, "credential": None, "tokenizer_source": None,
+        "output": None, "credential": None, "tokenizer_source": None, "arithmetic": "source",
     }  # fmt: skip
 
 
@@ -297,7 +298,7 @@ def test_ties() -> None:
     assert (made["base"], made["models"]) == ("./base", ["./a", "./b"])
     assert made["params"] == {"weights": [0.7, 0.3], "density": 0.5, "lambda": 1.2,
                               "normalize": False}  # fmt: skip
-    assert any("⌈density·n⌉" in w for w in warnings(ties_config()))
+    assert not any("density·n" in w for w in warnings(ties_config()))  # mergekit's ⌊density·n⌋
 
 
 def test_ties_density_defaults_to_mergekits_one_and_is_capped_there() -> None:
@@ -498,8 +499,8 @@ def test_sparsifying_refusals() -> None:
 
 # -- methods ---------------------------------------------------------------------------------
 def test_methods_layerswap_lacks_are_refused_by_name() -> None:
-    config = {"merge_method": "multislerp", "models": [{"model": "./a"}]}
-    refused(config, "merge_method", "mergekit's multislerp has no Layerswap counterpart yet")
+    config = {"merge_method": "ram", "models": [{"model": "./a"}]}
+    refused(config, "merge_method", "mergekit's ram has no Layerswap counterpart yet")
     refused({**config, "merge_method": "magic"}, "merge_method", "not a mergekit 0.1.5 method")
     refused({"models": [{"model": "./a"}]}, "merge_method", "required")
 
@@ -554,17 +555,51 @@ def test_the_output_dtype_is_out_dtype_else_dtype(fields: dict[str, str], dtype:
     assert recipe(linear_config(**fields))["output"]["dtype"] == dtype
 
 
-def test_arithmetic_in_a_narrower_dtype_than_float32_is_said() -> None:
-    (said,) = warnings(linear_config(dtype="bfloat16", out_dtype="float32"))
-    assert said.startswith("dtype bfloat16: mergekit would compute in bfloat16; Layerswap ")
-    assert "rounds once to float32" in said
-    assert warnings(linear_config(dtype="float32")) == ()
+@pytest.mark.parametrize(
+    ("fields", "arithmetic"),
+    [({}, "source"), ({"dtype": "bfloat16", "out_dtype": "float32"}, "bfloat16"),
+     ({"dtype": "torch.float16"}, "float16"), ({"dtype": "float64"}, "float64")],
+)  # fmt: skip
+def test_the_arithmetic_is_mergekits_dtype(fields: dict[str, str], arithmetic: str) -> None:
+    """mergekit computes in its `dtype`, without one in the checkpoints' own: so does the
+    translated recipe, and says nothing of it."""
+    assert recipe(linear_config(**fields))["arithmetic"] == arithmetic
+    assert warnings(linear_config(**fields)) == ()
+
+
+def test_another_arithmetic_asked_for_is_said() -> None:
+    config = linear_config(dtype="bfloat16")
+    made = translate(config, is_local=local, arithmetic="float32")
+    assert made.recipe.arithmetic == "float32"
+    assert made.origin.warnings == (
+        "arithmetic float32: mergekit computes in bfloat16; the output is computed in float32 "
+        "as asked, so it is not mergekit's bit for bit",
+    )
+    same = translate(config, is_local=local, arithmetic="bfloat16")
+    assert (same.recipe.arithmetic, same.origin.warnings) == ("bfloat16", ())
+    (said,) = translate(linear_config(), is_local=local, arithmetic="float32").origin.warnings
+    assert "mergekit computes in the checkpoints' own dtype" in said
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["auto", "chatml", "llama3", "alpaca", "mistral", "exaone", "{{ messages }} as text"],
+)
+def test_a_chat_template_is_taken_as_mergekit_takes_it(template: str) -> None:
+    """auto, a template mergekit ships by name, or Jinja text: kept with the config, written by
+    the merge (tests/engine/test_mergekit_outputs.py); the donor of the side files is the
+    config's base_model."""
+    made = translate(linear_config(chat_template=template, base_model="./b"), is_local=local)
+    assert made.origin.config["chat_template"] == template
+    assert made.origin.donor == "./b"
+    assert translate(linear_config(), is_local=local).origin.donor is None
 
 
 def test_field_refusals() -> None:
-    refused(linear_config(dtype="float64"), "dtype", "computes in float32")
+    refused(linear_config(dtype="int64"), "dtype", "computes in and writes bfloat16, float16")
     refused(linear_config(out_dtype="int8"), "out_dtype")
-    refused(linear_config(chat_template="chatml"), "chat_template", "not supported")
+    refused(linear_config(chat_template="zephyr"), "chat_template", "neither auto")
+    refused(linear_config(chat_template="{{ too short }}"), "chat_template", "neither auto")
     refused(linear_config(modules={"text": {}}), "modules")
     refused(linear_config(name="has space"), "name")
     refused({"merge_method": "linear"}, "models", "exactly one of models and slices")
@@ -642,7 +677,7 @@ def test_tokenizer_refusals() -> None:
     refused(linear_config(tokenizer_source="./a", tokenizer={}), "tokenizer", "not both")
     refused(linear_config(tokenizer_source="./c"), "tokenizer_source", "not one of the merged")
     refused(linear_config(tokenizer_source="a b"), "tokenizer_source", "neither a local")
-    refused(linear_config(chat_template="chatml"), "chat_template", "not supported")
+    refused(linear_config(chat_template=["chatml"]), "chat_template", "must be text")
     stacked = {**frankenmerge(), "base_model": "./c", "tokenizer_source": "base"}
     refused(stacked, "tokenizer_source", "base_model ./c, which Layerswap's passthrough does not")
     sliced = {
@@ -686,8 +721,14 @@ def test_is_mergekit_config() -> None:
 
 
 # -- what travels beside the recipe ----------------------------------------------------------
+# The one input the fake plans read, named as the configs name their base; a directory that
+# does not exist has no files for the side files' rules (engine/mergekit/side_files.py).
+INPUTS = (InputRef("base", "base", "./base", "/nonexistent/base"),)
+
+
 def plan(num_layers: int | None) -> Any:
-    return SimpleNamespace(num_layers=num_layers, warnings=["a plan's own"], vocabulary=None)
+    return SimpleNamespace(num_layers=num_layers, warnings=["a plan's own"], vocabulary=None,
+                           inputs=INPUTS, config_input=0, tokenizer_input=0)  # fmt: skip
 
 
 def test_the_origin_checks_the_depth_and_adds_its_warnings() -> None:
@@ -723,6 +764,7 @@ def vocabulary_plan(fill: list[int], dtype: str) -> Any:
         num_layers=6, warnings=[], vocabulary=SimpleNamespace(
             fill=array("q", fill), tensors=frozenset({"lm_head.weight"})),
         checkpoints=[SimpleNamespace(tensors={"lm_head.weight": head})],
+        inputs=INPUTS, config_input=0, tokenizer_input=0,
     )  # fmt: skip
 
 

@@ -55,6 +55,7 @@ def test_each_mergekit_translation_sits_with_its_method() -> None:
     assert set(translated) == {
         "linear", "slerp", "nuslerp", "model_stock", "passthrough", "task_arithmetic", "ties",
         "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear",
+        "multislerp", "karcher", "nearswap", "sce", "arcee_fusion",
     }  # fmt: skip
     assert not set(translated) & set(NOT_YET)
     for method in translated.values():

@@ -196,6 +196,24 @@ def test_determinism(llama: Family, run_merge: Any, tmp_path: Path) -> None:
         assert first.plan_digest == second.plan_digest
 
 
+@pytest.mark.parametrize("method", ["ties", "task_arithmetic", "dare_linear", "breadcrumbs"])
+def test_task_vector_methods_take_config_and_tokenizer_from_the_base(
+    method: str, llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """The deltas are the models' differences from the base: the output is a model of the base's
+    kind, with its config, generation settings and tokenizer (as mergekit's base_model's)."""
+    base = tmp_path / "base"
+    shutil.copytree(llama.base, base, copy_function=os.link)
+    side = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    for name in side:
+        data = json.loads((base / name).read_text())
+        (base / name).unlink()  # a hard link to the family's file: replaced, not written through
+        (base / name).write_text(json.dumps({**data, "_base_only": True}, indent=2))
+    result = run_merge({"method": method, "base": base, "models": [llama.task, llama.language]})
+    for name in side:
+        assert (result.out_dir / name).read_bytes() == (base / name).read_bytes(), name
+
+
 def test_tokenizer_mismatch_is_a_warning(llama: Family, run_merge: Any, tmp_path: Path) -> None:
     odd = tmp_path / "odd-language"
     shutil.copytree(llama.language, odd)

@@ -21,7 +21,7 @@ from engine.planner import make_plan
 from engine.recipe import parse_recipe
 from tests.conftest import Family, _family
 from tests.helpers import stringify
-from tests.reference import top_k_mask
+from tests.reference import kept_count, top_k_mask
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_selection_is_the_exact_top_k_first_ties_in_flat_order(llama: Family, st
         for name, delta in cases.items():
             magnitude = torch.from_numpy(np.abs(delta.astype(np.float32)))
             for density in (1e-4, 0.3, 0.5, 0.999, 1.0):
-                k = max(1, math.ceil(density * delta.size))
+                k = kept_count(density, delta.size)
                 got = _kept(kernels._select, delta, k, step)
                 expected = top_k_mask(magnitude, density).numpy()
                 assert int(got.sum()) == k, (name, density)

@@ -3,7 +3,6 @@ found (sample bounds, a histogram bin, or the full radix select), against a stab
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from engine.kernels.ties_selection import Selection, _kth_largest, _sample_bounds
-from tests.reference import top_k_mask
+from tests.reference import kept_count, top_k_mask
 
 N = 300_007  # above the sampled size (4 · 16384), odd
 
@@ -63,7 +62,7 @@ def test_selection_keeps_the_exact_top_k(case: str, step: int) -> None:
     selection = Selection(check_cancel=lambda: None)
     magnitude = (_widened(model) - _widened(base)).abs()
     for density in (1e-4, 0.1, 0.5, 0.9, 1 - 1e-5):
-        k = max(1, math.ceil(density * N))
+        k = kept_count(density, N)
         found = selection.select(N, k, step, lambda s, c: (model[s:][:c], base[s:][:c]))
         kept = _kept(found, model, base)
         assert int(kept.sum()) == k, (case, density)
@@ -73,7 +72,7 @@ def test_selection_keeps_the_exact_top_k(case: str, step: int) -> None:
 def _sampled(case: str, density: float) -> Any:
     """What one sampled pass finds (None: it handed over to the radix select)."""
     model, base = _cases()[case]
-    k = math.ceil(density * N)
+    k = kept_count(density, N)
     low, high = _sample_bounds(model, base, k)
     inputs = lambda s, c: (model[s:][:c], base[s:][:c])  # noqa: E731
     return Selection(check_cancel=lambda: None)._between(N, k, N, inputs, low, high, N // 8)

@@ -138,7 +138,7 @@ def main(examples: Path, work: Path) -> dict[str, Any]:
     settings.data_dir.mkdir(parents=True)
     upgrade(settings.database)
     models = [str(examples / "math"), str(examples / "swh")]
-    docs = load("methods")
+    docs = load("tables")
     # An app and the recipe schema made before the method is registered, as in a process that
     # used them first: what is made afterwards must know the method all the same.
     create_app(settings, executor=IdleExecutor())

@@ -569,7 +569,8 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
               "della_linear"}  # fmt: skip
     assert set(methods) == {
         "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "nuslerp",
-        "passthrough", "model_stock", *sparse
+        "passthrough", "model_stock", *sparse, "multislerp", "karcher", "nearswap", "sce",
+        "arcee_fusion",
     }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
@@ -582,6 +583,9 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         "passthrough": "unused",
         "model_stock": "required",
         **dict.fromkeys(sparse, "required"),
+        "multislerp": "optional",
+        "karcher": "unused",
+        **dict.fromkeys(("nearswap", "sce", "arcee_fusion"), "required"),
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
@@ -615,6 +619,11 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert methods["dare_ties"]["params"]["seed"]["default"] == 0
     assert "weights" in methods["soup"]["params"]
     assert methods["passthrough"]["required"] == ["slices"]
+    assert methods["nearswap"]["required"] == ["t"]
+    assert set(methods["multislerp"]["params"]) == {"weights", "normalize_weights", "eps"}
+    assert methods["karcher"]["params"]["max_iter"]["default"] == 10
+    assert methods["sce"]["params"]["select_topk"]["bounds"]["text"] == "[0, 1]"
+    assert methods["arcee_fusion"]["params"] == {}
     for method in methods.values():
         assert method["summary"]
         assert method["formula"]

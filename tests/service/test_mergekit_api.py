@@ -91,9 +91,9 @@ def with_fields(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [
-        (with_fields(chat_template="chatml"), "mergekit.chat_template", "not supported"),
-        (with_fields(merge_method="multislerp"), "mergekit.merge_method", "no Layerswap"),
-        (with_fields(dtype="float64"), "mergekit.dtype", "computes in float32"),
+        (with_fields(chat_template="zephyr"), "mergekit.chat_template", "neither auto"),
+        (with_fields(merge_method="ram"), "mergekit.merge_method", "no Layerswap"),
+        (with_fields(dtype="int64"), "mergekit.dtype", "computes in and writes bfloat16"),
         (with_fields(tokenizer={"source": "union", "pad_to_multiple_of": 64}),
          "mergekit.tokenizer.pad_to_multiple_of", "one embedding row per token"),
         ({"mergekit": "merge_method: [linear"}, "mergekit", "not valid YAML"),
@@ -109,6 +109,32 @@ def test_what_layerswap_cannot_honour_is_422_naming_the_field(
 ) -> None:
     refused(service, body, field, words)
     assert service.client.get("/v1/merges").json()["items"] == []
+
+
+def test_an_arithmetic_beside_the_config_replaces_mergekits(service: Service) -> None:
+    """A bf16 task-arithmetic config computes in bf16, as mergekit does; `arithmetic` beside
+    the config asks for another (float32: Layerswap's), which the job's warnings say."""
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": "base",
+        "models": [{"model": "math", "parameters": {"weight": 0.7}},
+                   {"model": "swh", "parameters": {"weight": 0.45}}],
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    outputs = {}
+    for asked in (None, "float32"):
+        body = {"mergekit": config, **({"arithmetic": asked} if asked else {})}
+        job = service.submit(body)
+        assert job["request"]["arithmetic"] == (asked or "bfloat16")
+        done = service.wait(job["id"])
+        assert done["status"] == "succeeded", done["error"]
+        location = Path(done["output"]["location"])
+        manifest = json.loads((location / "layerswap.json").read_text())
+        said = [w for w in manifest["warnings"] if w.startswith("arithmetic float32:")]
+        assert len(said) == (1 if asked else 0)
+        outputs[asked] = load(location)
+    assert any(not torch.equal(t, outputs["float32"][n]) for n, t in outputs[None].items())
+    refused(service, {"mergekit": config, "arithmetic": "float8"}, "arithmetic")
 
 
 def test_per_model_densities_are_refused_by_their_field(service: Service) -> None:

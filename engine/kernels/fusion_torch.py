@@ -1,0 +1,116 @@
+"""arcee_fusion in torch: the model's entries whose change from the base matters most, on the
+base.
+
+Per tensor, with rows along its last dimension (a vector is one row): the importance of an
+entry is |model − base| times its row's KL(p ‖ q), p and q the softmax of the model's and the
+base's row, each + 1e-8; the entries whose importance reaches median + 1.5·(q₃ − q₁) of the
+tensor's importances take the model's value, the others the base's:
+out = base + (model − base)·[importance ≥ threshold].
+
+Two passes over the inputs, a block of whole rows at a time: the first keeps each row's KL and
+the importances the quantiles are taken of, the second makes the output. The quantiles are
+order statistics of the tensor's importances (sorted, the one at int(q·(n − 1)) taken), as
+mergekit 0.1.5 finds them, with its float32 steps throughout, so the bytes equal its output.
+Of a tensor of more than a million entries mergekit sorts a random sample of a million (drawn
+anew each run); Layerswap takes a fixed sample of a million entries spread over the tensor, so
+its threshold is the same each run and near mergekit's, not equal to it. Held in memory: a KL
+per row, the sample (4 MB) and its positions, and one block of rows of each input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels.interpolation_torch import Read
+from engine.kernels.torch_threads import using_threads
+from engine.plan.model import TensorPlan
+
+SAMPLE = 1_000_000  # quantiles of a larger tensor come from a sample of this many entries
+QUANTILES = (0.25, 0.5, 0.75)
+SPREAD = 1.5  # the threshold: median + SPREAD·(q₃ − q₁)
+EPS = 1e-8  # added to each softmax before the KL
+_STRIDE = 0x9E3779B1  # sample position i·_STRIDE mod n: spread over the rows and columns
+
+
+class Fusion:
+    """One `arcee_fusion` tensor: terms (base, 1), (model, 1)."""
+
+    def __init__(self, read: Read, tensor: TensorPlan, *, chunk: int) -> None:
+        self.read = read
+        self.base, self.model = tensor.terms[0].source, tensor.terms[1].source
+        self.numel = math.prod(tensor.shape)
+        self.length = tensor.shape[-1] if tensor.shape and self.numel else 1
+        self.rows = self.numel // self.length if self.numel else 0
+        self.block = max(1, chunk // self.length)  # rows read at once (a longer row alone)
+        self.threads = 0  # torch's for the KLs and the sort, as sphere_torch.Spherical's
+        self._kl: torch.Tensor | None = None  # per row
+        self._threshold: torch.Tensor | None = None
+
+    def chunk(self, start: int, count: int) -> torch.Tensor:
+        """Elements [start, start + count) of the output."""
+        if self._threshold is None:
+            with using_threads(self.threads):
+                self._prepare()
+        assert self._kl is not None and self._threshold is not None
+        base = self.read(self.base, start, count)
+        change = self.read(self.model, start, count) - base
+        first, last = start // self.length, (start + count - 1) // self.length
+        kl = self._kl[first : last + 1].repeat_interleave(self.length)
+        offset = start - first * self.length
+        importance = change.abs() * kl[offset : offset + count]
+        # a float32 mask, as mergekit's: a narrow dtype's sum is then taken in float32
+        return base + change * (importance >= self._threshold).float()
+
+    def _prepare(self) -> None:
+        """Each row's KL, and the threshold from the quantiles of the importances."""
+        positions = _sample_positions(self.numel)
+        values: list[torch.Tensor] = []
+        kl_rows: list[torch.Tensor] = []
+        for first in range(0, self.rows, self.block):
+            rows = min(self.block, self.rows - first)
+            lo, hi = first * self.length, (first + rows) * self.length
+            model = self.read(self.model, lo, hi - lo).view(rows, self.length)
+            base = self.read(self.base, lo, hi - lo).view(rows, self.length)
+            importance, kl = _importance(model, base)
+            kl_rows.append(kl.view(-1))
+            flat = importance.view(-1)
+            if positions is None:
+                values.append(flat)
+            else:
+                inside = positions[_between(positions, lo, hi)]
+                values.append(flat[inside.to(flat.device) - lo])
+        self._kl = torch.cat(kl_rows)
+        self._threshold = _threshold(torch.cat(values))
+
+
+def _importance(model: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|model − base|·KL of its row, the KL per row) of a block of rows."""
+    diff = (model - base).abs()
+    p = F.softmax(model, dim=-1) + EPS
+    q = F.softmax(base, dim=-1) + EPS
+    kl = torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
+    return diff * kl, kl
+
+
+def _sample_positions(numel: int) -> torch.Tensor | None:
+    """Sorted flat positions of the sampled entries; None: every entry counts."""
+    if numel <= SAMPLE:
+        return None
+    positions = torch.arange(SAMPLE, dtype=torch.int64) * _STRIDE % numel
+    return torch.sort(positions).values
+
+
+def _between(positions: torch.Tensor, lo: int, hi: int) -> slice:
+    """The part of sorted `positions` in [lo, hi)."""
+    return slice(int(torch.searchsorted(positions, lo)), int(torch.searchsorted(positions, hi)))
+
+
+def _threshold(values: torch.Tensor) -> torch.Tensor:
+    """median + 1.5·(q₃ − q₁) of `values`, each quantile the sorted value at int(q·(n − 1))."""
+    ordered = torch.sort(values).values
+    at = (torch.tensor(QUANTILES) * (ordered.numel() - 1)).long()
+    first, median, third = ordered[at.to(ordered.device)].unbind()
+    return median + SPREAD * (third - first)

@@ -1,0 +1,166 @@
+"""sce in torch (Select, Calculate, Erase: arXiv 2408.07990, as mergekit 0.1.5's `sce`).
+
+Per tensor, with δᵢ = Tᵢ − base for the N models:
+
+1. select (select_topk < 1): keep, in every δᵢ, the entries where the δᵢ vary most across the
+   models: the k = int(count of nonzero variances × select_topk) largest per-entry variances
+   (population variance over the N models);
+2. calculate: wᵢ = mean(δᵢ²) / Σⱼ mean(δⱼ²) over the kept δ (1/N each when that sum is
+   below 1e-6);
+3. erase: per entry, elect the sign of Σᵢ δᵢ (zero counts as +) and keep only the δᵢ of that
+   sign; out = base + Σ wᵢ·δᵢ / max(Σ wᵢ, 1e-6), both sums over the kept δᵢ.
+
+A tensor whose inputs each fit in a chunk is read whole and merged with mergekit's own float32
+operations (its torch.topk picks among equal variances at the cut), so the bytes equal its
+output; the N deltas and a few temporaries of the tensor's size are held at once. A larger one
+is read a chunk at a time: once to count the nonzero variances, once or twice more to select
+the k largest (top_k.py: exact, but of equal variances at the cut the first in flat order,
+where mergekit's torch.topk picks its own), once for the mean squares (summed in float64, where
+mergekit sums in float32), once for the output; so outputs there differ from mergekit's by a
+few ulps, and entries whose variance ties with the cut may be kept where mergekit drops them,
+or the reverse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from engine.kernels.interpolation_torch import Read
+from engine.kernels.top_k import TopK, keep_mask, top_k
+from engine.kernels.torch_threads import using_threads
+from engine.plan.model import TensorPlan
+
+DIVISOR_FLOOR = 1e-6  # Σ wᵢ of the agreeing deltas below this divides by this instead
+UNIFORM_BELOW = 1e-6  # Σ mean(δᵢ²) below this weighs the models equally
+
+
+class Sce:
+    """One `sce` tensor: terms (model, 1)… then (base, 1); scalars["select_topk"]."""
+
+    def __init__(self, read: Read, tensor: TensorPlan, *, chunk: int, in_memory: int) -> None:
+        self.read, self.tensor = read, tensor
+        self.step, self.in_memory = chunk, in_memory
+        self.shape = tensor.shape
+        self.numel = math.prod(tensor.shape)
+        self.sources = [term.source for term in tensor.terms]
+        self.density = dict(tensor.scalars).get("select_topk", 1.0)
+        self.threads = 0  # torch's for a tensor merged whole, as sphere_torch.Spherical's
+        self.whole = self.numel <= chunk
+        self._output: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
+        self._top: TopK | None = None  # None: every entry kept
+        self._nothing_kept = False
+        self._ties_left = 0
+
+    def chunk(self, start: int, count: int) -> torch.Tensor:
+        """Elements [start, start + count) of the output, asked in order."""
+        if self.whole:
+            if self._output is None:
+                with using_threads(self.threads):
+                    self._output = self._merge_whole().reshape(-1)
+            return self._output[start : start + count]
+        if self._weights is None:
+            self._prepare()
+        assert self._weights is not None
+        base, deltas = self._deltas(start, count)
+        masked = self._masked(deltas)
+        return _erase(base, masked, self._weights.view(-1, 1))
+
+    # -- whole ----------------------------------------------------------------------------
+    def _merge_whole(self) -> torch.Tensor:
+        xs = [self.read(s, 0, self.numel).view(self.shape) for s in self.sources]
+        base = xs[-1]
+        deltas = torch.stack([x - base for x in xs[:-1]])
+        if self.density < 1:
+            deltas = deltas * self._whole_mask(deltas).unsqueeze(0)
+        count = deltas.shape[0]
+        weights = _weights(deltas.square().reshape(count, -1).mean(dim=1))
+        return _erase(base, deltas, weights.view(count, *([1] * (deltas.dim() - 1))))
+
+    def _whole_mask(self, deltas: torch.Tensor) -> torch.Tensor:
+        """1 where an entry's variance over the models is among the k largest, else 0."""
+        if self.density <= 0:
+            return torch.zeros_like(deltas[0])
+        variance = torch.var(deltas, dim=0, unbiased=False)
+        k = int(torch.count_nonzero(variance) * self.density)
+        mask = torch.zeros_like(variance)
+        if k > 0:
+            _, kept = torch.topk(variance.abs().view(-1), k=k, largest=True)
+            mask.view(-1)[kept] = 1
+        return mask
+
+    # -- a chunk at a time ----------------------------------------------------------------
+    def _deltas(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xs = [self.read(s, start, count) for s in self.sources]
+        base = xs[-1]
+        return base, torch.stack([x - base for x in xs[:-1]])
+
+    def _spans(self) -> Iterator[tuple[int, int]]:
+        for start in range(0, self.numel, self.step):
+            yield start, min(self.step, self.numel - start)
+
+    def _variances(self) -> Iterator[torch.Tensor]:
+        """|variance| over the models of each entry, a chunk at a time, in flat order."""
+        for start, count in self._spans():
+            yield _variance(self._deltas(start, count)[1])
+
+    def _prepare(self) -> None:
+        """The selection's cut and the models' weights: passes over the whole tensor."""
+        if 0 < self.density < 1:
+            nonzero = sum(int(torch.count_nonzero(v)) for v in self._variances())
+            k = int(torch.tensor(nonzero) * self.density)
+            if k > 0:
+                self._top = top_k(self._variances, k, numel=self.numel, in_memory=self.in_memory)
+            else:
+                self._nothing_kept = True
+        elif self.density <= 0:
+            self._nothing_kept = True
+        self._restart()
+        squares: torch.Tensor | None = None
+        dtype = torch.float32
+        for start, count in self._spans():
+            masked = self._masked(self._deltas(start, count)[1])
+            dtype = masked.dtype
+            part = masked.double().square_().sum(dim=1)
+            squares = part if squares is None else squares.add_(part)
+        assert squares is not None
+        self._weights = _weights((squares / self.numel).to(dtype))
+        self._restart()
+
+    def _restart(self) -> None:
+        """Back to the first entry: the tied entries at the cut are kept in flat order."""
+        self._ties_left = self._top.ties if self._top is not None else 0
+
+    def _masked(self, deltas: torch.Tensor) -> torch.Tensor:
+        """The deltas with the entries not selected zeroed, as multiplying by the 0/1 mask."""
+        if self._nothing_kept:
+            return deltas * torch.zeros_like(deltas[0])
+        if self._top is None:
+            return deltas
+        keep, self._ties_left = keep_mask(_variance(deltas), self._top, self._ties_left)
+        return deltas * keep.to(deltas.dtype)
+
+
+def _variance(deltas: torch.Tensor) -> torch.Tensor:
+    """|population variance| over dim 0 of each entry: torch's, whose bits for an entry do not
+    depend on the entries beside it (so on how the tensor is split into chunks)."""
+    return torch.var(deltas, dim=0, unbiased=False).abs_()
+
+
+def _weights(mean_squares: torch.Tensor) -> torch.Tensor:
+    """Each model's share of Σ mean(δ²); equal shares when that sum is about zero."""
+    total = torch.sum(mean_squares).item()
+    if abs(total) < UNIFORM_BELOW:
+        return torch.ones_like(mean_squares) / mean_squares.shape[0]
+    return mean_squares / total
+
+
+def _erase(base: torch.Tensor, deltas: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """base + the weighted mean of the deltas that agree with the sign of their sum."""
+    elected = (deltas.sum(dim=0) >= 0).to(deltas.dtype) * 2 - 1
+    kept = weights * (deltas.sign() == elected)
+    merged = (deltas * kept).sum(dim=0)
+    return base + merged / kept.sum(dim=0).clamp(min=DIVISOR_FLOOR)
