@@ -35,6 +35,7 @@ from engine.io.checkpoint import (
 )
 from engine.io.digests import file_sha256
 from engine.io.file_access import FileGuard, Opener, copy_file
+from engine.io.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.mergekit import MergekitOrigin
 from engine.model_card import render_card
@@ -346,14 +347,20 @@ def _identify_inputs(
     for ref, checkpoint in zip(plan.inputs, plan.checkpoints, strict=True):
         files = sorted({*checkpoint.weight_files, checkpoint.path / "config.json"})
         opener = checkpoint.opener
-        identities.append({
+        identity = {
             "label": ref.label,
             "role": ref.role,
             "source": ref.source,
             "files": {
                 f.name: known.get(f) or file_sha256(f, cache, should_stop, opener) for f in files
             },
-        })  # fmt: skip
+        }
+        if (adapter := checkpoint.adapter) is not None:  # a model+adapter source's adapter
+            identity["adapter_files"] = {
+                f.name: known.get(f) or file_sha256(f, cache, should_stop, adapter.opener)
+                for f in (adapter.path / ADAPTER_CONFIG, adapter.path / ADAPTER_WEIGHTS)
+            }
+        identities.append(identity)
     return identities
 
 

@@ -11,15 +11,18 @@ from engine.architectures import LayerStack
 from engine.errors import EngineError, RecipeError
 from engine.io.checkpoint import Checkpoint
 from engine.io.file_access import FileGuard
-from engine.io.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES
+from engine.io.lora import split_source
+from engine.io.safetensors_format import FLOAT_DTYPES, OUTPUT_DTYPES, save_order
 from engine.limits import MAX_WEIGHT_FILES
 from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
 from engine.plan.arithmetic import keeps
 from engine.plan.compatibility import check_compatible
 from engine.plan.model import InputRef, Op, Plan, Shard, TensorPlan, Term
+from engine.plan.slices import described, input_layers, read_at, restacked
 from engine.progress import CancelCheck
 from engine.recipe import Recipe, named_sources
+from engine.schema.parts import LayerSlice, ModelsRecipe
 from engine.vocabulary.alignment import VocabularyPlan, plan_vocabulary
 
 Resolver = Callable[[str], Path]
@@ -29,9 +32,11 @@ DEFAULT_CHUNK_ELEMENTS = 2 * 1024 * 1024
 
 
 def input_refs(recipe: Recipe, resolve: Resolver) -> list[InputRef]:
-    """The recipe's checkpoints in plan order, each with its role and label."""
+    """The recipe's checkpoints in plan order, each with its role and label (the path of a
+    `model+adapter` source is its model's)."""
     return [
-        InputRef(n.label, n.role, n.source, str(resolve(n.source))) for n in named_sources(recipe)
+        InputRef(n.label, n.role, n.source, str(resolve(split_source(n.source)[0])))
+        for n in named_sources(recipe)
     ]
 
 
@@ -53,18 +58,57 @@ def make_plan(
     checkpoints: list[Checkpoint] = []
     try:
         for ref in refs:
-            checkpoints.append(Checkpoint.open(Path(ref.path), guard))
+            adapter = split_source(ref.source)[1]
+            found = resolve(adapter) if adapter is not None else None
+            checkpoints.append(Checkpoint.open(Path(ref.path), guard, adapter=found))
+        slices = recipe.slices if isinstance(recipe, ModelsRecipe) else None
+        if slices:  # each input seen as the output names its layers (plan/slices.py)
+            layers = input_layers(slices, refs, checkpoints)
+            checkpoints[:] = [
+                restacked(c, found) for c, found in zip(checkpoints, layers, strict=True)
+            ]
         vocabulary = _vocabulary(recipe, refs, checkpoints)
         check_compatible(refs, checkpoints, vocabulary.tensors if vocabulary else frozenset())
-        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only)
+        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only,
+                        slices=len(slices or [None]))  # fmt: skip
         method = METHODS[recipe.method].plan(recipe, inputs)
+        if slices:
+            _sliced(method, slices, refs, layers)
         plan = _assemble(recipe, refs, checkpoints, method, vocabulary)
+        _read_through_adapters(plan, checkpoints)
     except EngineError:
         for ckpt in checkpoints:
             ckpt.close()
         raise
     plan.checkpoints = checkpoints
     return plan
+
+
+def _sliced(
+    method: MethodPlan, slices: list[LayerSlice], refs: list[InputRef], layers: list[list[int]]
+) -> None:
+    """A new depth; the ranges recorded, and each layer's origin naming the layer of each
+    input it merges."""
+    method.num_layers = len(layers[0])
+    method.resolved_weights = {**method.resolved_weights, "slices": described(slices, refs)}
+    rule = method.rule
+
+    def labelled(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        op, terms, origin = rule(name, layer)
+        return op, terms, origin if layer is None else f"{origin} ({read_at(refs, layers, layer)})"
+
+    method.rule = labelled
+
+
+def _read_through_adapters(plan: Plan, checkpoints: list[Checkpoint]) -> None:
+    """A tensor a LoRA adapter changes is read through it, never copied from its file: x·1 in
+    its own dtype, the same bytes as the adapted tensor."""
+    plan.tensors = tuple(
+        replace(t, op="linear")
+        if t.op == "copy" and checkpoints[t.terms[0].source].adapts(t.read_name)
+        else t
+        for t in plan.tensors
+    )
 
 
 def _vocabulary(
@@ -89,7 +133,8 @@ def _assemble(
     vocabulary: VocabularyPlan | None = None,
 ) -> Plan:
     primary = checkpoints[method.config_input]
-    order = sorted(primary.tensors.values(), key=lambda t: (str(t.file), t.start))
+    # by the names it is seen by: a view renames its layers (plan/slices.py)
+    order = sorted(primary.tensors.items(), key=lambda kv: (str(kv[1].file), kv[1].start))
     warnings: list[str] = []
     # Methods that need layers required the stack already; for the others it only labels the
     # provenance rows, and a checkpoint without one is merged all the same.
@@ -98,9 +143,7 @@ def _assemble(
     if method.placements is not None:
         tensors = tuple(_placed(recipe, p, checkpoints) for p in method.placements)
     else:
-        tensors = tuple(
-            _tensor(recipe, info.name, primary, method, warnings, stack) for info in order
-        )
+        tensors = tuple(_tensor(recipe, n, primary, method, warnings, stack) for n, _ in order)
     changes: dict[str, Any] = {}
     if stack is not None and method.num_layers is not None:  # the method set a new depth
         found = stack = replace(stack, count=method.num_layers)
@@ -158,8 +201,8 @@ def _tensor(
     if op == "linear" and one and dtype == info.dtype and keeps(recipe.arithmetic, dtype):
         op = "copy"
     thinning = None
-    if op == "sparsify":
-        assert method.thinning is not None
+    if op == "sparsify" or (op == "ties" and method.thinning is not None):
+        assert method.thinning is not None  # ties: only where its densities vary
         thinning = method.thinning(name, layer)
     scalars = method.scalars(name, layer) if method.scalars is not None else ()
     return TensorPlan(
@@ -168,22 +211,28 @@ def _tensor(
 
 
 def _placed(recipe: Recipe, placement: Placement, checkpoints: list[Checkpoint]) -> TensorPlan:
-    """A tensor taken whole from one input, maybe renamed: a copy unless the dtype changes
-    (integer buffers never do)."""
+    """A tensor taken whole from one input, maybe renamed: a copy unless it is scaled or the
+    dtype changes (integer buffers never do)."""
     info = checkpoints[placement.source].tensors[placement.input_name]
     dtype = info.dtype
     if dtype in FLOAT_DTYPES and recipe.output.dtype != "source":
         dtype = OUTPUT_DTYPES[recipe.output.dtype]
     exact = dtype == info.dtype and keeps(recipe.arithmetic, dtype)  # mergekit rounds to it
+    exact = exact and placement.scale == 1.0
     op: Op = "copy" if exact or dtype not in FLOAT_DTYPES else "linear"
     renamed = placement.input_name if placement.input_name != placement.name else ""
-    terms = (Term(placement.source, 1.0),)
+    terms = (Term(placement.source, placement.scale),)
     return TensorPlan(
         placement.name, info.shape, dtype, op, terms, placement.layer, placement.origin, renamed
     )
 
 
 def _shards(tensors: tuple[TensorPlan, ...], budget: int) -> tuple[Shard, ...]:
+    """Shards filled in plan order (the primary's file order, a passthrough's layer order: runs
+    of consecutive layers, as mergekit fills its shards in the order it computes them), each
+    laid out as save_file lays a file out (save_order), so a one-file output is the file
+    save_file writes of its tensors. A split output is laid out alike, shard by shard, but cut
+    by our budget, not at mergekit's places."""
     groups: list[list[int]] = [[]]
     size = 0
     for i, t in enumerate(tensors):
@@ -192,6 +241,8 @@ def _shards(tensors: tuple[TensorPlan, ...], budget: int) -> tuple[Shard, ...]:
             size = 0
         groups[-1].append(i)
         size += t.nbytes
+    for group in groups:
+        group.sort(key=lambda i: save_order(tensors[i].dtype, tensors[i].name))
     if len(groups) == 1:
         return (Shard("model.safetensors", tuple(groups[0])),)
     n = len(groups)

@@ -119,7 +119,8 @@ def _is_union_tag(part: str | int) -> bool:
 def _mentioned_field(message: str) -> str | None:
     """Model-level checks name their field in the message ('base is required ...')."""
     match = re.match(
-        r"^(base|params\.[\w.]*\w|models(?:\.\d+)?|experts\.\w+|tokenizer_source)\b", message
+        r"^(base|params\.[\w.]*\w|slices\.[\w.]*\w|models(?:\.\d+)?|experts\.\w+|tokenizer_source)\b",
+        message,
     )
     return match.group(1) if match else None
 
@@ -129,4 +130,7 @@ def named_sources(recipe: Recipe) -> list[NamedSource]:
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
-    return recipe.model_dump(mode="json", by_alias=True)
+    data = recipe.model_dump(mode="json", by_alias=True)
+    if data.get("slices", "") is None:  # written as before slices were a field: digests kept
+        del data["slices"]
+    return data

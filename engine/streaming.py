@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.errors import MergeCanceled
-from engine.io.safetensors_format import DTYPE_SIZES, encode_header
+from engine.io.safetensors_format import encode_header
 from engine.io.writer import OutputWriter
 from engine.plan.arithmetic import as_float32
 from engine.plan.model import ANGLE_OPS, Plan, TensorPlan
@@ -33,32 +33,24 @@ READ_AHEAD = 64 * 1024 * 1024
 
 
 def shard_layout(plan: Plan) -> list[tuple[bytes, list[int]]]:
-    """Per shard: its header and the absolute file offset of each of its tensors.
-
-    Inside a shard, copied tensors come before computed ones (within each item size, the
-    larger first, as the safetensors library orders them, so every tensor stays aligned to
-    its item size). A shard's sha256 is computed in file order as its bytes are written, so
-    this lets hashing run through the copies while torch is imported and the computed tensors
-    are made, instead of waiting behind a computed first tensor (a layer swap's lm_head)."""
+    """Per shard: its header and the absolute file offset of each of its tensors, laid out in
+    the shard's order (save_file's: planner.py), header entries and data alike. A computed
+    tensor before copies (a layer swap's lm_head) holds up the file's hashing, which is in file
+    order, until its kernels are loaded and it is made; other shards are written meanwhile."""
     layout = []
     for shard in plan.shards:
         entries: dict[str, dict[str, Any]] = {}
-        offsets: dict[int, int] = {}
+        starts: list[int] = []
         offset = 0
-        for index in sorted(shard.tensors, key=lambda i: _write_order(plan.tensors[i])):
-            offsets[index] = offset
-            offset += plan.tensors[index].nbytes
         for index in shard.tensors:
-            t, start = plan.tensors[index], offsets[index]
+            t = plan.tensors[index]
             entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
-                               "data_offsets": [start, start + t.nbytes]}  # fmt: skip
+                               "data_offsets": [offset, offset + t.nbytes]}  # fmt: skip
+            starts.append(offset)
+            offset += t.nbytes
         header = encode_header(entries, {"format": "pt"})
-        layout.append((header, [len(header) + offsets[i] for i in shard.tensors]))
+        layout.append((header, [len(header) + start for start in starts]))
     return layout
-
-
-def _write_order(tensor: TensorPlan) -> tuple[int, bool]:
-    return -DTYPE_SIZES[tensor.dtype], tensor.op != "copy"  # a stable sort keeps the rest
 
 
 def stream_shards(

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.hub.refs import is_hub_source
+from core.hub.refs import is_hub_source, source_parts
 from core.settings import Settings
 from core.sources import file_guard, resolve_source
 from engine.merge import planned_output_bytes
@@ -51,13 +51,11 @@ def check_headers(
     IncompatibleCheckpointsError. `resolved`: sources the caller has resolved already
     (resolve_source), not resolved again. `mergekit`: the config the recipe was translated
     from, whose checks need the plan."""
-    named = named_sources(recipe)
-    if any(is_hub_source(n.source) for n in named):
+    parts = [part for n in named_sources(recipe) for part in source_parts(n.source)]
+    if any(is_hub_source(part) for part in parts):
         return None
     known = resolved or {}
-    paths = {
-        n.source: known.get(n.source) or resolve_source(n.source, settings, tenant) for n in named
-    }
+    paths = {part: known.get(part) or resolve_source(part, settings, tenant) for part in parts}
     try:
         files = tuple((str(path), directory_signature(path)) for path in paths.values())
     except OSError:  # unreadable: the check below says how, and is not remembered

@@ -142,16 +142,18 @@ def ties(
     experts: Sequence[torch.Tensor],
     weights: Sequence[float],
     *,
-    density: float,
+    density: float | Sequence[float],
     lambda_: float,
     normalize: bool,
 ) -> torch.Tensor:
-    """TIES for one tensor, computed in float32 (not rounded)."""
+    """TIES for one tensor, computed in float32 (not rounded); `density` one for every expert
+    or one each."""
     b = base.float()
+    densities = [density] * len(experts) if isinstance(density, float | int) else density
     trimmed = []
-    for expert in experts:
+    for expert, kept in zip(experts, densities, strict=True):
         delta = expert.float() - b
-        trimmed.append(torch.where(top_k_mask(delta.abs(), density), delta, 0.0))
+        trimmed.append(torch.where(top_k_mask(delta.abs(), kept), delta, 0.0))
     weighted = [w * d for w, d in zip(weights, trimmed, strict=True)]
     total = torch.zeros_like(b)
     for x in weighted:

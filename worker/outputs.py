@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from core import jobs
 from core.db.models import Artifact, Job
+from core.hub.refs import source_parts
 from core.kinds import merge_recipe
 from core.output_manifest import output_owner, read_manifest
 from core.sources import resolve_source
@@ -148,9 +149,14 @@ def _unchanged(
     """Whether every input file the manifest lists still has its bytes, and every output file
     (`files`) too. Both are hashed, whatever the first says (the cache keeps each sha256)."""
     same_inputs = all(
-        file_sha256(resolve(entry["source"]) / name, cache, should_cancel) == sha
+        file_sha256(resolve(part) / name, cache, should_cancel) == sha
         for entry in manifest["inputs"]
-        for name, sha in entry["files"].items()
+        for part, files in zip(
+            source_parts(entry["source"]),
+            (entry["files"], entry.get("adapter_files", {})),
+            strict=False,
+        )  # a model+adapter source: the model's files, then the adapter's
+        for name, sha in files.items()
     )
     intact = all(
         (out_dir / name).is_file() and file_sha256(out_dir / name, cache, should_cancel) == sha

@@ -45,6 +45,7 @@ from engine.errors import (
     is_disk_full,
 )
 from engine.io.digests import content_digest
+from engine.io.lora import split_source
 from engine.merge import MergeOptions, merge
 from engine.mergekit import MergekitOrigin
 from worker.analysis_jobs import run_analysis_job
@@ -428,22 +429,35 @@ def _input_links(
     weights = manifest["resolved_weights"]
     links = []
     for entry in manifest["inputs"]:
-        source = entry["source"]
-        if is_hub_source(source):
-            location, config = source, _read_config(hub_dirs[source]) if source in hub_dirs else {}
-        else:
-            path = local_resolver(job, settings)(source)
-            location, config = str(path), _read_config(path)
-        artifact = get_or_create_artifact(
-            session,
-            tenant=job.tenant_id,
-            location=location,
-            files=entry["files"],
-            architecture=config.get("model_type"),
-            num_layers=configured_layer_count(config),
-        )
-        links.append(InputLink(artifact, entry["role"], entry["label"], _weight(entry, weights)))
+        # a model+adapter source: the model, then its LoRA adapter, each an input artifact
+        model, adapter = split_source(entry["source"])
+        parts = [(model, entry["files"], entry["label"], _weight(entry, weights))]
+        if adapter is not None:
+            adapter_files = entry.get("adapter_files", {})
+            parts.append((adapter, adapter_files, f"{entry['label']}.adapter", None))
+        for source, files, label, weight in parts:
+            artifact = _input_artifact(session, job, settings, hub_dirs, source, files)
+            links.append(InputLink(artifact, entry["role"], label, weight))
     return links
+
+
+def _input_artifact(
+    session: Any, job: Job, settings: Settings, hub_dirs: dict[str, Path], source: str,
+    files: dict[str, str],
+) -> Any:  # fmt: skip
+    if is_hub_source(source):
+        location, config = source, _read_config(hub_dirs[source]) if source in hub_dirs else {}
+    else:
+        path = local_resolver(job, settings)(source)
+        location, config = str(path), _read_config(path)
+    return get_or_create_artifact(
+        session,
+        tenant=job.tenant_id,
+        location=location,
+        files=files,
+        architecture=config.get("model_type"),
+        num_layers=configured_layer_count(config),
+    )
 
 
 def _weight(entry: dict[str, Any], weights: dict[str, Any]) -> float | None:

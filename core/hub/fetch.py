@@ -53,6 +53,7 @@ from core.hub.pin import PinnedRepo, pin
 from core.hub.refs import hub_sources, is_hub_source, parse_hub_source
 from engine.errors import CheckpointError, DiskFull, MergeCanceled, is_disk_full
 from engine.io.checkpoint import EXTRA_CONFIG_FILES, INDEX_FILE, TOKENIZER_FILES
+from engine.io.lora import ADAPTER_CONFIG, split_source
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.planner import Resolver, make_plan
 from engine.recipe import Recipe
@@ -60,7 +61,9 @@ from engine.recipe import Recipe
 BACKOFF_S = 0.5  # the first retry's pause (core.hub.errors.retrying doubles it)
 log = logging.getLogger("layerswap.hub")
 T = TypeVar("T")
-SIDE_FILES = frozenset({"config.json", INDEX_FILE, *EXTRA_CONFIG_FILES, *TOKENIZER_FILES})
+SIDE_FILES = frozenset(
+    {"config.json", INDEX_FILE, *EXTRA_CONFIG_FILES, *TOKENIZER_FILES, ADAPTER_CONFIG}
+)
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 CHUNK = 1 << 20  # bytes written per read of a ranged response
 
@@ -305,8 +308,11 @@ def _needed_spans(
                 spans.append((info.start, info.start + info.nbytes))
         needed: dict[str, dict[str, list[Span] | None]] = {}
         for index, ref in enumerate(plan.inputs):
-            if ref.source in fetched.pins:
-                shards = needed.setdefault(ref.source, {})
+            model, adapter = split_source(ref.source)
+            if adapter in fetched.pins:  # a LoRA adapter: small, and read whole
+                needed[adapter] = dict.fromkeys(fetched.pins[adapter].weight_files)
+            if model in fetched.pins:
+                shards = needed.setdefault(model, {})
                 for name, spans in by_input.get(index, {}).items():
                     shards[name] = _join(spans + (shards.get(name) or []))
         return needed

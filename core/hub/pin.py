@@ -8,6 +8,7 @@ from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
 
 from core.hub.errors import HubFileMissing, HubNotSafetensors, hub_errors
 from core.hub.refs import HubRef, hub_sources, parse_hub_source, replace_sources
+from engine.io.lora import ADAPTER_CONFIG
 from engine.recipe import Recipe, parse_recipe, recipe_to_dict
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -59,11 +60,13 @@ def _check_readable(pinned: PinnedRepo, token: str | None) -> None:
     """A gated repository shows its file list to anyone; reading a file tells whether the
     credential may actually download (one HEAD request, for config.json)."""
     where = f"hf://{pinned.repo}@{pinned.revision}"
-    if "config.json" not in pinned.files:
+    # a LoRA adapter's repository (the adapter of a model+adapter source) has its own config
+    probe = next((n for n in ("config.json", ADAPTER_CONFIG) if n in pinned.files), None)
+    if probe is None:
         raise HubFileMissing(f"{where}: no config.json: not a transformers checkpoint")
     with hub_errors(where):
         get_hf_file_metadata(
-            hf_hub_url(pinned.repo, "config.json", revision=pinned.sha), token=token or False
+            hf_hub_url(pinned.repo, probe, revision=pinned.sha), token=token or False
         )
 
 

@@ -22,6 +22,7 @@ from engine.architectures import (
 )
 from engine.errors import CheckpointError, quoted
 from engine.io.file_access import FileGuard, Opener, confined, open_file, read_file
+from engine.io.lora import LoraAdapter
 from engine.io.safetensors_format import TensorInfo, read_header
 from engine.limits import MAX_JSON_BYTES, MAX_TENSORS, MAX_WEIGHT_FILES
 
@@ -48,12 +49,17 @@ class Checkpoint:
     weight_files: list[Path]
     # How its files are opened: as named, or confined by the caller's guard (file_access.py).
     opener: Opener = field(default=open_file, repr=False, compare=False)
+    # A `model+adapter` source: the LoRA adapter its targeted weights are read through.
+    adapter: LoraAdapter | None = field(default=None, repr=False, compare=False)
     _fds: dict[Path, int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, path: Path, guard: FileGuard | None = None) -> Checkpoint:
+    def open(
+        cls, path: Path, guard: FileGuard | None = None, *, adapter: Path | None = None
+    ) -> Checkpoint:
         """Open and validate a checkpoint directory (headers only). With `guard`, every file of
-        it that is read is checked first, then and later (file_access.py)."""
+        it that is read is checked first, then and later (file_access.py). With `adapter`, a
+        PEFT LoRA adapter's directory, the weights it targets read as it changes them."""
         if not path.is_dir():
             raise CheckpointError.at(path, "not a checkpoint directory (does not exist)")
         opener = open_file if guard is None else confined(path, guard)
@@ -67,6 +73,12 @@ class Checkpoint:
         if problem := layer_count_problem(config):
             raise CheckpointError.at(path / "config.json", problem)
         checkpoint = cls(path, config, tensors, files, opener)
+        if adapter is not None:
+            lora = LoraAdapter.open(
+                adapter, open_file if guard is None else confined(adapter, guard)
+            )
+            lora.check(tensors, path)
+            checkpoint.adapter = lora
         if isinstance(stack := checkpoint.layer_stack, Refusal) and stack.contradiction:
             raise CheckpointError.at(path, stack.reason)
         return checkpoint
@@ -109,8 +121,16 @@ class Checkpoint:
                 raise CheckpointError.at(file, f"cannot open: {e.strerror}") from None
         return self._fds[file]
 
+    def adapts(self, name: str) -> bool:
+        """Whether tensor `name`'s bytes are not the file's: a LoRA adapter changes it (by the
+        name in its file, which a view that renames layers keeps)."""
+        return self.adapter is not None and self.tensors[name].name in self.adapter.targets
+
     def read_into(self, info: TensorInfo, buffer: memoryview, first_byte: int = 0) -> None:
         """Fill `buffer` with the tensor's bytes starting at `first_byte` within the tensor."""
+        if self.adapter is not None and info.name in self.adapter.targets:
+            self.adapter.read_into(info, self.fd(info.file), buffer, first_byte)
+            return
         fd, offset, view = self.fd(info.file), info.start + first_byte, buffer
         while len(view):
             n = os.preadv(fd, [view], offset)
@@ -122,6 +142,8 @@ class Checkpoint:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self.adapter is not None:
+            self.adapter.close()
 
 
 def read_json(path: Path, limit: int = MAX_JSON_BYTES, *, opener: Opener = open_file) -> Any:

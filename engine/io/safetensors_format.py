@@ -32,6 +32,11 @@ DTYPE_SIZES: dict[str, int] = {
     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
 }  # fmt: skip
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+# The order the safetensors library lays a file's tensors out in, whoever calls its save_file
+# (mergekit, transformers): by dtype in this order (the larger alignment first), then by name.
+SAVE_ORDER = ("U64", "I64", "F64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
+              "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL")  # fmt: skip
+_SAVE_RANK = {dtype: rank for rank, dtype in enumerate(SAVE_ORDER)}
 
 # Names accepted for the recipe's output dtype, mapped to safetensors names.
 OUTPUT_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
@@ -221,8 +226,16 @@ def _check_bounds(
         )
 
 
+def save_order(dtype: str, name: str) -> tuple[int, str]:
+    """A tensor's place in a file as save_file lays it out (SAVE_ORDER; names compared as
+    their UTF-8 bytes are, code point by code point)."""
+    return _SAVE_RANK[dtype], name
+
+
 def encode_header(entries: dict[str, dict[str, Any]], metadata: dict[str, str]) -> bytes:
-    """Serialise a header (length prefix included), padded so tensor data is 8-byte aligned."""
-    body = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode()
+    """Serialise a header (length prefix included), padded so tensor data is 8-byte aligned:
+    the entries in their order, names in UTF-8 unescaped, as the safetensors library writes."""
+    header = {"__metadata__": metadata, **entries}
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     body += b" " * (-len(body) % 8)
     return struct.pack("<Q", len(body)) + body

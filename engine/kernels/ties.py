@@ -143,8 +143,9 @@ class TiesKernels:
             terms = whole[1] if term is None else whole[1][term : term + 1]
             return whole[0][start : start + count], terms[:, start : start + count]
 
-        trim = self.settings.density < 1.0
-        thresholds, cutoffs = self._trim_points(len(tensor.terms), numel, step, inputs)
+        densities = self.settings.densities(tensor)
+        trim = min(densities) < 1.0
+        thresholds, cutoffs = self._trim_points(densities, numel, step, inputs)
         coefficients = np.array([t.coefficient for t in tensor.terms], np.float32)
         lambda_ = np.float32(self.settings.lambda_)
         # A tensor read whole is combined whole: a slice of its rows would not be contiguous,
@@ -167,21 +168,24 @@ class TiesKernels:
 
     # -- selection ------------------------------------------------------------------------------
     def _trim_points(
-        self, term_count: int, numel: int, step: int,
+        self, densities: tuple[float, ...], numel: int, step: int,
         inputs: Callable[[int, int, int], tuple[Array, Array]],
     ) -> tuple[Array, Array]:  # fmt: skip
-        """Per term, what `_select` finds (thresholds, tie cutoffs); zeros where nothing is
-        trimmed. `inputs(start, count)` gives (base, terms) of those elements."""
-        thresholds, cutoffs = np.zeros(term_count, np.uint32), np.zeros(term_count, np.int64)
-        if self.settings.density < 1.0 and numel:
-            k = self.settings.kept(numel)
-            for i in range(term_count):
+        """Per term, what `_select` finds (thresholds, tie cutoffs); for a term kept whole
+        (density 1), threshold 0 with every tie kept. `inputs(start, count)` gives (base,
+        terms) of those elements."""
+        thresholds = np.zeros(len(densities), np.uint32)
+        cutoffs = np.full(len(densities), numel, np.int64)
+        for i, density in enumerate(densities):
+            if density >= 1.0 or not numel:
+                continue
 
-                def delta_inputs(start: int, count: int, i: int = i) -> tuple[Array, Array]:
-                    base, terms = inputs(start, count, i)
-                    return terms[0], base
+            def delta_inputs(start: int, count: int, i: int = i) -> tuple[Array, Array]:
+                base, terms = inputs(start, count, i)
+                return terms[0], base
 
-                thresholds[i], cutoffs[i] = self._select(numel, k, step, delta_inputs)
+            k = self.settings.kept(numel, density)
+            thresholds[i], cutoffs[i] = self._select(numel, k, step, delta_inputs)
         return thresholds, cutoffs
 
     def _select(self, numel: int, k: int, step: int, delta_inputs: DeltaInputs) -> tuple[int, int]:

@@ -5,7 +5,8 @@ output dtype. TIES first selects each delta's top-k over the whole tensor (top_k
 then combines chunk by chunk; the sparsifying methods are sparse_torch.py's; nuslerp and
 model_stock measure angles first (angle_torch.py); multislerp and karcher, sce and arcee_fusion
 take statistics of the whole tensor first (sphere_torch.py, sce_torch.py, fusion_torch.py);
-nearswap is elementwise (nearswap_torch.py).
+nearswap is elementwise (nearswap_torch.py), and so are ram and ramplus_tl after a count over
+the tensor (ram_torch.py).
 
 In mergekit's narrow arithmetic (a recipe's `arithmetic` bfloat16 or float16: plan/arithmetic.py)
 the inputs are rounded to that dtype as they are read, and each tensor's result before it is
@@ -35,6 +36,7 @@ from engine.kernels.narrow_torch import (
     sorted_mask,
 )
 from engine.kernels.nearswap_torch import nearswap
+from engine.kernels.ram_torch import Ram
 from engine.kernels.sce_torch import Sce
 from engine.kernels.sparse_torch import SparseMerge
 from engine.kernels.sphere_torch import Karcher, MultiSlerp
@@ -138,7 +140,12 @@ class Kernels:
             "nearswap": lambda tensor: partial(nearswap, self._reader(tensor), tensor),
             "sce": self._whole_tensor_computation,
             "arcee_fusion": self._whole_tensor_computation,
+            "ram": self._ram_computation,
+            "ramplus_tl": self._ram_computation,
         }
+
+    def _ram_computation(self, tensor: TensorPlan) -> Compute:
+        return Ram(self._reader(tensor), tensor, chunk=self.selection_elements).chunk
 
     def _whole_tensor_computation(self, tensor: TensorPlan) -> Compute:
         """multislerp, karcher, sce, arcee_fusion: statistics of the whole tensor first, taken
@@ -269,13 +276,15 @@ class Kernels:
         """Each delta's kept entries: mergekit's (torch's sort of the whole |δ|) for a tensor
         that fits in memory, else top_k's (equal |δ| at the cut in flat order)."""
         numel, settings = math.prod(tensor.shape), self._ties_settings()
-        if settings.density >= 1.0 or numel > self.sorted_elements:
+        if numel > self.sorted_elements:
             return list(self._ties_selections(tensor))
-        ranks = (0, settings.kept(numel))
         return [
-            sorted_mask(self._magnitudes(tensor, t.source)(), numel, ranks, descending=True)
-            for t in tensor.terms
-        ]
+            None
+            if density >= 1.0
+            else sorted_mask(self._magnitudes(tensor, t.source)(), numel,
+                             (0, settings.kept(numel, density)), descending=True)
+            for t, density in zip(tensor.terms, settings.densities(tensor), strict=True)
+        ]  # fmt: skip
 
     def _ties_settings(self) -> TiesSettings:
         assert self.plan.ties is not None
@@ -298,15 +307,14 @@ class Kernels:
         return chunks
 
     def _ties_selections(self, tensor: TensorPlan) -> list[TopK | None]:
-        density = self._ties_settings().density
-        if density >= 1.0:
-            return [None] * len(tensor.terms)
-        numel = math.prod(tensor.shape)
-        k = self._ties_settings().kept(numel)
+        """Each delta's kept entries (None: every one, at density 1)."""
+        numel, settings = math.prod(tensor.shape), self._ties_settings()
         return [
-            top_k(self._magnitudes(tensor, t.source), k, numel=numel,
-                  in_memory=self.selection_in_memory)
-            for t in tensor.terms
+            None
+            if density >= 1.0
+            else top_k(self._magnitudes(tensor, t.source), settings.kept(numel, density),
+                       numel=numel, in_memory=self.selection_in_memory)
+            for t, density in zip(tensor.terms, settings.densities(tensor), strict=True)
         ]  # fmt: skip
 
     def _ties(

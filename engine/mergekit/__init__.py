@@ -20,9 +20,11 @@ from engine.mergekit.chat_templates import check as check_chat_template
 from engine.mergekit.config import (
     TOP_LEVEL,
     IsLocal,
+    check_layer_filters,
     dtype_name,
     model_source,
     read,
+    recipe_slices,
     whole_models,
 )
 from engine.mergekit.origin import MergekitOrigin
@@ -32,10 +34,7 @@ from engine.recipe import Recipe, parse_recipe
 from engine.translation.config import Input, MergekitConfig
 from engine.translation.translators import Translation
 
-__all__ = ["NOT_YET", "MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
-# mergekit 0.1.5's other methods (merge_methods/registry.py), refused by name until Layerswap
-# has them.
-NOT_YET = ("ram", "ramplus_tl")
+__all__ = ["MergekitOrigin", "Translated", "is_mergekit_config", "translate"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,12 @@ def translate(
     restacked = method.layer_stack == "restacked"  # it reads the config's slices itself
     if config.slices is not None and not restacked:
         whole_models(config)
+        if config.sliced:
+            check_layer_filters(config, translation.per_model)
     _check_parameter_names(config, translation, restacked=restacked)
     recipe = {"method": method.name, **translation.translate(config, translation)}
+    if config.sliced:
+        recipe["slices"] = recipe_slices(config)
     recipe["output"] = _output(data, dict(output or {}))
     recipe["arithmetic"] = _arithmetic(data, config, arithmetic)
     if credential is not None:
@@ -84,7 +87,6 @@ def translate(
     origin = MergekitOrigin(
         _recorded(data),
         tuple(config.warnings),
-        config.depth,
         fields,
         # mergekit's donor of config.json and the tokenizer: the config's own base_model
         model_source(data["base_model"], "base_model", is_local)
@@ -106,11 +108,6 @@ def _method(name: str) -> Method:
     if name in translated:
         return translated[name]
     known = ", ".join(sorted(translated))
-    if name in NOT_YET:
-        raise RecipeError.for_field(
-            "merge_method",
-            f"mergekit's {name} has no Layerswap counterpart yet (there are: {known})",
-        )
     raise RecipeError.for_field(
         "merge_method", f"{name!r} is not a mergekit 0.1.5 method ({known})"
     )
@@ -203,6 +200,12 @@ def _source_fields(
         fields["base"] = config.base_field
     if restacked:  # the recipe's params.slices are the config's slices
         fields["params.slices"] = "slices"
+    if config.sliced:  # the recipe's slices are the config's, their sources as written
+        fields["slices"] = (config.slices or [])[0].field.rsplit(".", 1)[0]
+        for piece in config.slices or []:
+            own = piece.field.rsplit(".", 1)[-1]
+            fields |= {f"slices.{own}.sources.{i}.layer_range": f"{m.field}.layer_range"
+                       for i, m in enumerate(piece.inputs)}  # fmt: skip
     return fields
 
 

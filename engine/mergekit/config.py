@@ -115,13 +115,8 @@ def _slice(entry: Any, field: str, is_local: IsLocal, warnings: list[str]) -> Sl
                 f"spans {found[1] - found[0]} layers, the slice's first source "
                 f"{ranges[0][1] - ranges[0][0]}: a slice's sources take as many layers each",
             )
-        if found != ranges[0]:
-            raise RecipeError.for_field(
-                f"{field}.sources.{i}.layer_range",
-                "differs from the first source's: Layerswap merges the same layers of each model",
-            )
     block = parameters_of(entry.get("parameters"), f"{field}.parameters")
-    return Slice(field, inputs, ranges[0], block, base)
+    return Slice(field, inputs, tuple(ranges), block, base)
 
 
 def _ignored(entry: dict[str, Any], fields: set[str], where: str) -> list[str]:
@@ -132,32 +127,75 @@ def _ignored(entry: dict[str, Any], fields: set[str], where: str) -> list[str]:
 
 
 def whole_models(config: MergekitConfig) -> MergekitConfig:
-    """A non-passthrough config written with `slices`: Layerswap merges whole models, so it
-    must be one slice whose sources all span [0, L) of their L layers (L is checked against
-    the checkpoints when the plan is made: MergekitOrigin.apply)."""
+    """A non-passthrough config written with `slices`: they become the recipe's (each source's
+    layers merged index by index, the slices stacked; one slice of every layer merges whole
+    models), over the same models and parameters in each."""
     assert config.slices is not None
-    if len(config.slices) != 1:
-        raise RecipeError.for_field(
-            "slices.1",
-            f"mergekit's {config.method} over several slices is not supported: Layerswap "
-            "merges whole models (one slice spanning every layer, or models)",
-        )
-    (only,) = config.slices
-    if only.layer_range[0] != 0:
-        raise RecipeError.for_field(
-            f"{only.field}.sources.0.layer_range",
-            "must start at layer 0: Layerswap merges whole models, every layer",
-        )
-    config.inputs = only.inputs
-    config.shared.insert(0, Place(f"{only.field}.parameters", only.parameters))
-    config.depth = (f"{only.field}.sources.0.layer_range", only.layer_range[1])
-    if only.base is not None:  # mergekit: a slice's own base comes first
-        config.base, config.base_field = only.base, only.base.field
+    first = config.slices[0]
+    for piece in config.slices[1:]:
+        _as_first(piece, first)
+    config.sliced = True
+    config.inputs = first.inputs
+    config.shared.insert(0, Place(f"{first.field}.parameters", first.parameters))
+    if first.base is not None:  # mergekit: a slice's own base comes first
+        config.base, config.base_field = first.base, first.base.field
     if config.base is not None:
         config.base = next(
             (m for m in config.inputs if m.source == config.base.source), config.base
         )
     return config
+
+
+def _as_first(piece: Slice, first: Slice) -> None:
+    """A later slice merges what the first does, as the first does: Layerswap's recipe has
+    one set of models and parameters for all its slices."""
+    same = "Layerswap merges every slice as the first"
+    if [m.source for m in piece.inputs] != [m.source for m in first.inputs]:
+        raise RecipeError.for_field(
+            f"{piece.field}.sources",
+            f"{same}, so each must take the same models in the same order as {first.field}",
+        )
+    for model, theirs in zip(piece.inputs, first.inputs, strict=True):
+        if model.parameters != theirs.parameters:
+            raise RecipeError.for_field(
+                f"{model.field}.parameters", f"differ from {theirs.field}.parameters: {same}"
+            )
+    if piece.parameters != first.parameters:
+        raise RecipeError.for_field(
+            f"{piece.field}.parameters", f"differ from {first.field}.parameters: {same}"
+        )
+    if (piece.base and piece.base.source) != (first.base and first.base.source):
+        raise RecipeError.for_field(
+            f"{piece.field}.base_model", f"differs from {first.field}.base_model: {same}"
+        )
+
+
+def check_layer_filters(config: MergekitConfig, per_model: frozenset[str]) -> None:
+    """mergekit matches a per-model parameter's filters against the model's own tensor names,
+    here other layers than the output's: a filter naming a layer number would match otherwise."""
+    blocks = [(f"{m.field}.parameters", m.parameters) for m in config.inputs]
+    for where, block in blocks + config.shared_blocks:
+        for name in sorted(per_model & set(block)):
+            value = block[name]
+            conditions = value if isinstance(value, list) else []
+            filters = [c.get("filter") for c in conditions if isinstance(c, dict)]
+            if any(isinstance(f, str) and any(ch.isdigit() for ch in f) for f in filters):
+                raise RecipeError.for_field(
+                    f"{where}.{name}",
+                    "a filter with a digit, in slices taking other layers of each model: "
+                    "mergekit matches it against each model's own layer names, Layerswap "
+                    "against the output's",
+                )
+
+
+def recipe_slices(config: MergekitConfig) -> list[dict[str, Any]]:
+    """The recipe's `slices`: each slice's sources and ranges, as written."""
+    assert config.slices is not None
+    return [
+        {"sources": [{"model": m.source, "layer_range": list(r)}
+                     for m, r in zip(piece.inputs, piece.ranges, strict=True)]}
+        for piece in config.slices
+    ]  # fmt: skip
 
 
 def _distinct(inputs: list[Input]) -> list[Input]:
@@ -179,12 +217,11 @@ def model_source(ref: Any, field: str, is_local: IsLocal) -> str:
         return _mapping_source(ref, field, is_local)
     if not isinstance(ref, str) or not ref:
         raise RecipeError.for_field(field, f"must name a model (got {quoted(ref)})")
-    if "+" in ref:
-        raise RecipeError.for_field(
-            field,
-            f"{ref}: mergekit's model+lora form (a LoRA merged into its model first) is not "
-            "supported; merge the adapter into the model and name the result",
-        )
+    if "+" in ref:  # model+adapter: a PEFT LoRA applied to the model (engine/io/lora.py)
+        model, _, adapter = ref.partition("+")
+        if not model or not adapter or "+" in adapter:
+            raise RecipeError.for_field(field, f"{ref}: a LoRA reference is model+adapter")
+        return f"{model_source(model, field, is_local)}+{model_source(adapter, field, is_local)}"
     if ref.count("@") > 1:
         raise RecipeError.for_field(field, f"{ref}: more than one @")
     path, _, revision = ref.partition("@")
@@ -192,19 +229,27 @@ def model_source(ref: Any, field: str, is_local: IsLocal) -> str:
 
 
 def _mapping_source(ref: dict[str, Any], field: str, is_local: IsLocal) -> str:
-    for key in ("lora", "override_architecture"):
-        if ref.get(key) is not None:
-            raise RecipeError.for_field(f"{field}.{key}", "not supported by Layerswap")
+    if ref.get("override_architecture") is not None:
+        raise RecipeError.for_field(f"{field}.override_architecture", "not supported by Layerswap")
     if unknown := set(ref) - {"model", "lora", "override_architecture"}:
         raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
-    model = ref.get("model")
-    if isinstance(model, str):
-        return model_source(model, f"{field}.model", is_local)
-    if not isinstance(model, dict) or not isinstance(model.get("path"), str):
-        raise RecipeError.for_field(f"{field}.model", "must be a path or {path, revision}")
-    if unknown := set(model) - {"path", "revision"}:
-        raise RecipeError.for_field(f"{field}.model.{sorted(unknown)[0]}", "unknown field")
-    return _source(model["path"], model.get("revision"), f"{field}.model", is_local)
+    model = _path_source(ref.get("model"), f"{field}.model", is_local)
+    if ref.get("lora") is None:
+        return model
+    return f"{model}+{_path_source(ref['lora'], f'{field}.lora', is_local)}"
+
+
+def _path_source(path: Any, field: str, is_local: IsLocal) -> str:
+    """mergekit's ModelPath: `path[@revision]`, or {path, revision}."""
+    if isinstance(path, str):
+        if "+" in path:
+            raise RecipeError.for_field(field, f"{path}: names one model, no +")
+        return model_source(path, field, is_local)
+    if not isinstance(path, dict) or not isinstance(path.get("path"), str):
+        raise RecipeError.for_field(field, "must be a path or {path, revision}")
+    if unknown := set(path) - {"path", "revision"}:
+        raise RecipeError.for_field(f"{field}.{sorted(unknown)[0]}", "unknown field")
+    return _source(path["path"], path.get("revision"), field, is_local)
 
 
 def _source(path: str, revision: str | None, field: str, is_local: IsLocal) -> str:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.errors import RecipeError
 from engine.mergekit.side_files import donate, write
 from engine.plan.model import MEAN, Plan
 
@@ -24,22 +23,12 @@ _SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64
 class MergekitOrigin:
     config: dict[str, Any]  # the mergekit config as given, less the top-level keys it ignores
     warnings: tuple[str, ...] = ()
-    depth: tuple[str, int] | None = None  # (field, layers) of a slice read as whole models
     source_fields: dict[str, str] = field(default_factory=dict)  # recipe field -> mergekit's
     donor: str | None = None  # the source of the config's base_model (None: it has none)
 
     def apply(self, plan: Plan) -> None:
-        """Refuse a plan the config does not describe; take config.json and the tokenizer from
-        mergekit's donor; add the translation's warnings."""
-        if self.depth is not None:
-            where, layers = self.depth
-            if plan.num_layers != layers:
-                found = "an unknown number of" if plan.num_layers is None else plan.num_layers
-                raise RecipeError.for_field(
-                    where,
-                    f"[0, {layers}) must span every layer of the models, which have {found} "
-                    "layers: Layerswap merges whole models (a part is passthrough's)",
-                )
+        """Take config.json and the tokenizer from mergekit's donor; add the translation's
+        warnings."""
         donated = donate(plan, self.donor, self.config.get("chat_template"))
         said = [*self.warnings, *self._averaged_rows(plan), *donated]
         plan.warnings[:0] = [w for w in said if w not in plan.warnings]
@@ -72,8 +61,7 @@ class MergekitOrigin:
         where it names one of the recipe's sources or is one of apply()'s."""
         details, message = getattr(error, "details", None), getattr(error, "message", None)
         where = details.get("field") if isinstance(details, dict) else None
-        own = {self.depth[0]: self.depth[0]} if self.depth else {}
-        mergekit = (self.source_fields | own).get(where) if isinstance(where, str) else None
+        mergekit = self.source_fields.get(where) if isinstance(where, str) else None
         if mergekit is None or not isinstance(details, dict) or not isinstance(message, str):
             return error
         details["field"] = prefix + mergekit
@@ -87,18 +75,15 @@ class MergekitOrigin:
         return {
             "config": self.config,
             "warnings": list(self.warnings),
-            "depth": list(self.depth) if self.depth else None,
             "source_fields": self.source_fields,
             "donor": self.donor,
         }
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> MergekitOrigin:
-        depth = data.get("depth")
-        return cls(
+        return cls(  # a record's "depth" (of older records) is no longer needed: ignored
             data["config"],
             tuple(data.get("warnings") or ()),
-            (str(depth[0]), int(depth[1])) if depth else None,
             dict(data.get("source_fields") or {}),
             data.get("donor"),
         )

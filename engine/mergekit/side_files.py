@@ -31,6 +31,7 @@ from engine.errors import CheckpointError
 from engine.io.checkpoint import read_json, set_config_values
 from engine.io.digests import file_sha256
 from engine.io.file_access import Opener, copy_file, read_file
+from engine.io.lora import split_source
 from engine.limits import MAX_SIDE_FILE_BYTES
 from engine.mergekit.chat_templates import Chosen, choose
 from engine.plan.model import Plan
@@ -93,11 +94,14 @@ def write(plan: Plan, staging: Path, dtype: str, chat_template: Any) -> list[str
 
 
 def copies_tokenizer(plan: Plan, chat_template: Any) -> bool:
-    """Whether mergekit copies the donor's tokenizer files (else it saves the tokenizer anew)."""
+    """Whether mergekit copies the donor's tokenizer files (else it saves the tokenizer anew).
+    A `model+adapter` donor is the directory mergekit merges the LoRA into, which holds no
+    tokenizer: it saves the model's anew."""
     source = plan.tokenizer_input
     return (
         plan.vocabulary is None
         and not chat_template
+        and not _is_lora(plan, source)
         and _has(plan, source, TOKENIZER_CONFIG)
         and any(_has(plan, source, name) for name in TOKENIZERS)
     )
@@ -144,6 +148,8 @@ def _tokenizer_warnings(plan: Plan, chat_template: Any) -> list[str]:
         why = (
             "chat_template"
             if chat_template
+            else f"{_label(plan, source)} is a model+LoRA reference"
+            if _is_lora(plan, source)
             else f"{_label(plan, source)} has no {TOKENIZER_CONFIG}"
         )
         said.append(
@@ -233,6 +239,10 @@ def _index(plan: Plan, source: str) -> int | None:
 def _label(plan: Plan, source: int) -> str:
     """An input as the mergekit config names it (its source)."""
     return plan.inputs[source].source
+
+
+def _is_lora(plan: Plan, source: int) -> bool:
+    return split_source(plan.inputs[source].source)[1] is not None
 
 
 def _path(plan: Plan, source: int, name: str) -> Path:

@@ -17,6 +17,7 @@ from engine.methods import (
     nearswap,
     nuslerp,
     passthrough,
+    ram,
     sce,
     slerp,
     soup,
@@ -72,6 +73,8 @@ for _method in (
     nearswap.METHOD,
     sce.METHOD,
     arcee_fusion.METHOD,
+    ram.RAM,
+    ram.RAMPLUS_TL,
 ):
     register(_method)
 

@@ -32,6 +32,7 @@ class Inputs:
     chunk_elements: int
     should_cancel: CancelCheck | None = None  # asked while magnitudes are computed
     headers_only: bool = False  # magnitudes are not computed (all equal): a validation plan
+    slices: int = 1  # the recipe's slices: a gradient spreads over one (plan/slices.py)
 
     def indices(self, role: str) -> list[int]:
         return [i for i, ref in enumerate(self.refs) if ref.role == role]
@@ -73,13 +74,14 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Placement:
-    """One output tensor copied from one input's tensor of (maybe) another name."""
+    """One output tensor copied from one input's tensor of (maybe) another name, maybe scaled."""
 
     name: str
     source: int
     input_name: str
     layer: int | None  # in the output
     origin: str
+    scale: float = 1.0  # the output is input × scale (passthrough's `scale`)
 
 
 @dataclass
@@ -89,7 +91,7 @@ class MethodPlan:
     tokenizer_input: int
     ties: TiesSettings | None = None
     sparsify: SparsifySettings | None = None
-    thinning: ThinningRule | None = None  # asked for each tensor the rule makes `sparsify`
+    thinning: ThinningRule | None = None  # asked for each `sparsify` (or `ties`) tensor
     scalars: ScalarsRule | None = None  # asked for each tensor the rule makes, if given
     resolved_weights: dict[str, Any] = field(default_factory=dict)
     # A method that changes the model's shape lists every output tensor itself, in order,
@@ -117,6 +119,13 @@ def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting | Switch
     when some setting is a gradient (a scalar or filters need no layers)."""
     if not any(_has_gradient(s) for s in settings):
         return 1
+    if inputs.slices > 1:  # mergekit spreads it over each slice anew
+        raise RecipeError.for_field(
+            "slices",
+            f"{inputs.slices} slices with a gradient: mergekit spreads a gradient over each "
+            "slice's layers anew, Layerswap over the whole stack; give one slice, or values "
+            "that do not vary by layer",
+        )
     return inputs.checkpoints[0].require_layers(method).count
 
 

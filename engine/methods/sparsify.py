@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
@@ -75,21 +75,7 @@ class SparsifyParams(Strict):
 
     def check(self, models: int) -> None:
         """Raise ValueError naming the field of a value that fits no tensor."""
-        if isinstance(self.weights, list) and len(self.weights) != models:
-            raise ValueError(f"params.weights has {len(self.weights)} entries for {models} models")
-        for amount in self.AMOUNTS:
-            value = getattr(self, amount)
-            if isinstance(value, list) and len(value) != models:
-                raise ValueError(
-                    f"params.{amount} has {len(value)} entries for {models} models "
-                    f"({PER_MODEL_HELP})"
-                )
-            allowed = bounds(type(self).model_fields[amount])
-            assert allowed is not None  # each amount is declared with its Range
-            for setting, field in per_model(value, f"params.{amount}", models):
-                for number in numbers(setting):
-                    if number not in allowed:
-                        raise ValueError(f"{field} must be in {allowed} (got {number})")
+        check_per_model(self, self.weights, self.AMOUNTS, models)
 
     def check_tensor(self, thinning: Thinning, fields: dict[str, list[str]], name: str) -> None:
         """Raise RecipeError for amounts that do not fit together on one tensor."""
@@ -104,6 +90,26 @@ class SparsifyRecipe(ModelsRecipe):
     def _consistent(self) -> Self:
         self.params.check(len(self.models))
         return self
+
+
+def check_per_model(params: BaseModel, weights: Any, amounts: Sequence[str], models: int) -> None:
+    """Raise ValueError naming the field of a value of `params` that fits no tensor: its
+    `weights` or an amount (a field declared with its Range) listed for another number of
+    models, or an amount's number outside its Range."""
+    if isinstance(weights, list) and len(weights) != models:
+        raise ValueError(f"params.weights has {len(weights)} entries for {models} models")
+    for amount in amounts:
+        value = getattr(params, amount)
+        if isinstance(value, list) and len(value) != models:
+            raise ValueError(
+                f"params.{amount} has {len(value)} entries for {models} models ({PER_MODEL_HELP})"
+            )
+        allowed = bounds(type(params).model_fields[amount])
+        assert allowed is not None  # each amount is declared with its Range
+        for setting, field in per_model(value, f"params.{amount}", models):
+            for number in numbers(setting):
+                if number not in allowed:
+                    raise ValueError(f"{field} must be in {allowed} (got {number})")
 
 
 def per_model(value: Any, field: str, models: int) -> list[tuple[Setting, str]]:
@@ -139,12 +145,12 @@ def plan_sparsify(
     num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        resolved = _values(weights, name, position(layer, num_layers))
+        resolved = resolved_values(weights, name, position(layer, num_layers))
         return "sparsify", tuple(map(Term, models, resolved)), recipe.method
 
     def thinning(name: str, layer: int | None) -> Thinning:
         at = position(layer, num_layers)
-        found = {a: _values(pairs, name, at) for a, pairs in amounts.items()}
+        found = {a: resolved_values(pairs, name, at) for a, pairs in amounts.items()}
         made = Thinning(
             densities=found["density"],
             lambda_=_value(q.lambda_, "params.lambda", name, at),
@@ -161,7 +167,7 @@ def plan_sparsify(
         tokenizer_input=base,
         sparsify=SparsifySettings(base, dropping, consensus, q.normalize, q.rescale, seed),
         thinning=thinning,
-        resolved_weights=_resolved_weights(weights, seed),
+        resolved_weights=resolved_weights(weights, seed),
     )
 
 
@@ -174,11 +180,13 @@ def _value(setting: Setting, field: str, name: str, at: float) -> float:
     return found
 
 
-def _values(pairs: Sequence[tuple[Setting, str]], name: str, at: float) -> tuple[float, ...]:
+def resolved_values(
+    pairs: Sequence[tuple[Setting, str]], name: str, at: float
+) -> tuple[float, ...]:
     return tuple(_value(setting, field, name, at) for setting, field in pairs)
 
 
-def _resolved_weights(weights: Sequence[tuple[Setting, str]], seed: int | None) -> dict[str, Any]:
+def resolved_weights(weights: Sequence[tuple[Setting, str]], seed: int | None) -> dict[str, Any]:
     """What the lineage records of the weights (and the seed of the random drops)."""
     numeric = [float(s) for s, _ in weights if isinstance(s, float | int)]
     # "models" promises one float per input (the lineage records them), as ties' does

@@ -1,45 +1,62 @@
 """TIES merging (Yadav et al. 2023) as common open-source tools formulate it.
 
-Per tensor: δ_i = T_i − base; keep its k = ⌊density·n⌋ largest |δ_i| (at least one; of equal
+Per tensor: δ_i = T_i − base; keep its k = ⌊density_i·n⌋ largest |δ_i| (at least one; of equal
 |δ_i| at the cut, the first in flat order), as mergekit keeps them; weight by w_i; elect the
 sign of Σ w_i·δ_i (zero counts as +); sum the entries that agree with it; with `normalize`,
 divide by the Σ w_i of the agreeing entries (0 → 1); out = base + λ·sum. The arithmetic lives
 in torch_kernels.py. The output takes the base's config and tokenizer.
+
+Weights and densities are settings per model (a number, a gradient across the layers, or
+{filter, value}s), as mergekit's are, resolved per tensor: the weights into the terms'
+coefficients (0 and negative ones too, as mergekit takes them), the densities into the tensor's
+Thinning where they are not one number for all. The kernels are TIES's own either way: routed
+through the sparsifying methods' machinery, the common case would lose its compiled kernel.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
 from engine.errors import RecipeError
-from engine.methods.base import Inputs, Method, MethodPlan
-from engine.plan.model import Op, Term, TiesSettings
-from engine.schema.params import ONE_PER_MODEL
-from engine.schema.parts import (
-    MAX_MODELS,
-    ModelsRecipe,
-    Source,
-    Strict,
-    check_weights,
+from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.sparsify import (
+    PER_MODEL_HELP,
+    PerModel,
+    PerModelSettings,
+    check_per_model,
+    per_model,
+    resolved_values,
+    resolved_weights,
 )
-from engine.translation.config import Input, MergekitConfig
-from engine.translation.settings import constant, flag, number
+from engine.plan.model import Op, Term, Thinning, TiesSettings
+from engine.schema.params import Range
+from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
+from engine.schema.settings import position
+from engine.translation.config import MergekitConfig
+from engine.translation.settings import flag
 from engine.translation.translators import (
     Parameter,
     Translation,
+    fraction,
     read_parameter,
-    task_vectors,
+    translate_task_vectors,
 )
 
 
 class TiesParams(Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: (
-        Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
-    ) = Field("uniform", description="uniform = 1.0 each")
-    density: float = Field(0.5, gt=0, le=1, description="fraction of each delta kept")
+    AMOUNTS: ClassVar[tuple[str, ...]] = ("density",)
+
+    weights: Literal["uniform"] | PerModelSettings = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
+    )
+    density: Annotated[PerModel, Range(0, 1, low_open=True)] = Field(
+        0.5, description=f"fraction of each delta kept, in (0, 1]: {PER_MODEL_HELP}"
+    )
     lambda_: float = Field(1.0, alias="lambda", description="scale of the merged delta")
     normalize: bool = True
 
@@ -52,65 +69,53 @@ class TiesRecipe(ModelsRecipe):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        check_weights(self.params.weights, len(self.models), positive=True)
+        q = self.params
+        check_per_model(q, q.weights, q.AMOUNTS, len(self.models))
         return self
 
 
 def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
+    """Weights and densities resolved per tensor where they vary; a density shared by every
+    model and tensor stays in TiesSettings alone (no per-tensor thinning)."""
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
     q = recipe.params
-    resolved = [1.0] * len(models) if q.weights == "uniform" else list(q.weights)
-    made = tuple(Term(i, w) for i, w in zip(models, resolved, strict=True))
+    count = len(models)
+    weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", count)
+    densities = per_model(q.density, "params.density", count)
+    settings = [s for s, _ in weights + densities]
+    num_layers = layer_count(inputs, recipe.method, settings)
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        return "ties", made, "ties"
+        found = resolved_values(weights, name, position(layer, num_layers))
+        return "ties", tuple(map(Term, models, found)), "ties"
 
+    def thinning(name: str, layer: int | None) -> Thinning:
+        found = resolved_values(densities, name, position(layer, num_layers))
+        return Thinning(densities=found, lambda_=q.lambda_)
+
+    shared = q.density if isinstance(q.density, float | int) else 1.0
     return MethodPlan(
         rule=rule,
         config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
         tokenizer_input=base,
-        ties=TiesSettings(base, q.density, q.lambda_, q.normalize),
-        resolved_weights={"models": resolved},
+        ties=TiesSettings(base, float(shared), q.lambda_, q.normalize),
+        thinning=None if isinstance(q.density, float | int) else thinning,
+        resolved_weights=resolved_weights(weights, None),
     )
 
 
 def translate_ties(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
-    """One positive weight per model, one density for all, no rescale."""
-    base, models = task_vectors(config)
-    weights = read_parameter(config, translation, "weight", models)
-    for model, weight in zip(models, weights, strict=True):
-        if weight <= 0:
-            raise RecipeError.for_field(
-                f"{model.field}.parameters.weight",
-                f"{weight}: Layerswap's ties takes positive weights",
-            )
-    density = _density(config, models, translation.parameter("density").default)
+    """Weights and densities per model, as written (gradients and filters); one density for
+    every model where they all write the same number. No rescale."""
     if read_parameter(config, translation, "rescale"):
         raise RecipeError.for_field("parameters.rescale", "Layerswap's ties does not rescale")
-    params = {"weights": weights, "density": density,
-              "lambda": read_parameter(config, translation, "lambda"),
-              "normalize": read_parameter(config, translation, "normalize")}  # fmt: skip
-    return {"base": base.source, "models": [m.source for m in models], "params": params}
-
-
-def _density(config: MergekitConfig, models: list[Input], default: float) -> float:
-    found: list[tuple[str, float]] = []
-    for model in models:
-        value = float(constant(
-            config.model_chain(model, "density", number, default),
-            "Layerswap's ties takes one density",
-            missing=f"{model.field}.parameters.density",
-        ))  # fmt: skip
-        where = f"{model.field}.parameters.density"
-        if value <= 0:
-            raise RecipeError.for_field(where, f"{value}: must be above 0")
-        found.append((where, min(value, 1.0)))  # mergekit keeps every entry from 1 up
-        if found[-1][1] != found[0][1]:
-            raise RecipeError.for_field(
-                where, "per-model densities differ; Layerswap's ties takes one density"
-            )
-    return found[0][1]
+    translated = translate_task_vectors(config, translation)
+    params = translated["params"]
+    density = params["density"]
+    if all(isinstance(d, float | int) for d in density) and len(set(density)) == 1:
+        params["density"] = density[0]
+    return translated
 
 
 METHOD = Method(
@@ -120,7 +125,7 @@ METHOD = Method(
     plan=plan_ties,
     summary="trim, elect sign, disjoint merge (Yadav et al. 2023)",
     formula="base + λ·Σ wᵢ·δᵢ over the entries whose sign agrees with the elected sign of "
-    "Σ wᵢ·δᵢ, δᵢ = Tᵢ − base trimmed to its ⌊density·n⌋ largest |δᵢ| (÷ the agreeing Σ wᵢ "
+    "Σ wᵢ·δᵢ, δᵢ = Tᵢ − base trimmed to its ⌊densityᵢ·n⌋ largest |δᵢ| (÷ the agreeing Σ wᵢ "
     "with normalize)",
     title="TIES merging",
     tags=("ties",),
@@ -129,8 +134,8 @@ METHOD = Method(
         names=("ties",),
         translate=translate_ties,
         parameters=(
-            Parameter("weight", per_model=True, into="weights", varies=False),
-            Parameter("density", 1.0, per_model=True, into="density", varies=False),
+            Parameter("weight", per_model=True, into="weights"),
+            Parameter("density", 1.0, per_model=True, convert=fraction, into="density"),
             Parameter("lambda", 1.0, into="lambda", varies=False),
             Parameter("normalize", True, convert=flag, into="normalize", varies=False),
             Parameter("rescale", False, convert=flag, varies=False),

@@ -28,8 +28,9 @@ from engine.io.safetensors_format import DTYPE_SIZES
 # tensors, or per row (along the last dim), or per column (along the first): angle_torch.py;
 # multislerp (models, then the base if any) and karcher (every input): spherical means of the
 # whole tensors (sphere_torch.py); nearswap, arcee_fusion (base, then the model) and sce
-# (models, then base): nearswap_torch.py, fusion_torch.py, sce_torch.py. TensorPlan.scalars
-# holds what these take besides their terms.
+# (models, then base): nearswap_torch.py, fusion_torch.py, sce_torch.py; ram and ramplus_tl
+# (models, then base): ram_torch.py. TensorPlan.scalars holds what these take besides their
+# terms.
 Op = Literal[
     "copy",
     "linear",
@@ -49,6 +50,8 @@ Op = Literal[
     "nearswap",
     "sce",
     "arcee_fusion",
+    "ram",
+    "ramplus_tl",
 ]
 ANGLE_OPS = frozenset(
     {"nuslerp", "nuslerp_rows", "nuslerp_columns", "model_stock", "model_stock_rows"}
@@ -84,7 +87,7 @@ class TensorPlan:
     origin: str  # provenance label: language, task, transition, average, soup, ...
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
-    thinning: Thinning | None = None  # for op sparsify
+    thinning: Thinning | None = None  # for op sparsify, and ties whose densities vary
     # The op's own numbers besides its terms' coefficients, by name (multislerp's eps,
     # karcher's tol, nearswap's t, sce's select_topk, ...), resolved for this tensor.
     scalars: tuple[tuple[str, float], ...] = ()
@@ -109,14 +112,23 @@ class InputRef:
 @dataclass(frozen=True)
 class TiesSettings:
     base: int
-    density: float
+    density: float  # every model's on every tensor; 1.0 where each tensor's thinning says
     lambda_: float
     normalize: bool
 
-    def kept(self, numel: int) -> int:
-        """How many entries of a delta of `numel` TIES keeps: ⌊density·numel⌋ of the float
-        product, at least one (mergekit's rule, and the TIES paper's); every one at density 1."""
-        return numel if self.density >= 1.0 else max(1, int(self.density * numel))
+    def kept(self, numel: int, density: float | None = None) -> int:
+        """How many entries of a delta of `numel` TIES keeps at `density` (default: the shared
+        one): ⌊density·numel⌋ of the float product, at least one (mergekit's rule, and the TIES
+        paper's); every one at density 1."""
+        density = self.density if density is None else density
+        return numel if density >= 1.0 else max(1, int(density * numel))
+
+    def densities(self, tensor: TensorPlan) -> tuple[float, ...]:
+        """Each term's density on `tensor`: its thinning's where it varies by model, layer or
+        tensor, else the shared one."""
+        if tensor.thinning is not None:
+            return tensor.thinning.densities
+        return (self.density,) * len(tensor.terms)
 
 
 Dropping = Literal["random", "outliers", "magprune"]
@@ -138,7 +150,7 @@ class SparsifySettings:
 @dataclass(frozen=True)
 class Shard:
     filename: str
-    tensors: tuple[int, ...]  # indices into Plan.tensors, in file order
+    tensors: tuple[int, ...]  # indices into Plan.tensors, in file order (save_file's)
 
 
 @dataclass(frozen=True)

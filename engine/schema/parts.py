@@ -206,10 +206,58 @@ class RecipeBase(Strict):
         return False
 
 
+class LayerSource(Strict):
+    model: Source = Field(description="one of the recipe's sources, written as there")
+    layer_range: tuple[int, int] = Field(
+        description="[start, end): its layers start..end-1, as mergekit's layer_range"
+    )
+
+    @field_validator("layer_range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 0 <= value[0] < value[1]:
+            raise ValueError(f"must be [start, end) with 0 <= start < end (got {list(value)})")
+        return value
+
+
+class LayerSlice(Strict):
+    """Output layers merged, index by index, from a run of layers of each source."""
+
+    sources: list[LayerSource] = Field(min_length=1, max_length=MAX_MODELS + 1)
+
+
 class ModelsRecipe(RecipeBase):
     """A recipe over a list of models (every method but layer_swap)."""
 
     models: list[Source] = Field(min_length=1, max_length=MAX_MODELS)
+    slices: list[LayerSlice] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SLICES,
+        description="the output's layers, stacked in order (mergekit's slices): each slice's "
+        "k-th layer merges layer start+k of each source (models and base, each once, its "
+        "ranges as long as the others); absent: every layer of the models, each from the same "
+        "layer of every one",
+    )
+
+    @model_validator(mode="after")
+    def _slices_name_every_source(self) -> Self:
+        written = [n.source for n in self.sources()]
+        for s, piece in enumerate(self.slices or []):
+            named = [source.model for source in piece.sources]
+            if sorted(named) != sorted(written):
+                raise ValueError(
+                    f"slices.{s}.sources names {', '.join(map(repr, named))}: each slice takes "
+                    f"a range of every source of the recipe, once ({', '.join(map(repr, written))})"
+                )
+            spans = [end - start for start, end in (x.layer_range for x in piece.sources)]
+            for i, span in enumerate(spans):
+                if span != spans[0]:
+                    raise ValueError(
+                        f"slices.{s}.sources.{i}.layer_range spans {span} layers, the slice's "
+                        f"first source {spans[0]}: a slice's sources take as many layers each"
+                    )
+        return self
 
     def sources(self) -> list[NamedSource]:
         named = [NamedSource(f"models.{i}", f"models[{i}]", "model", s)

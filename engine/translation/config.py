@@ -22,20 +22,24 @@ class Input:
 class Slice:
     field: str  # slices.2
     inputs: list[Input]
-    layer_range: tuple[int, int]
+    ranges: tuple[tuple[int, int], ...]  # each input's layer_range, as long as the others
     parameters: dict[str, Any]
     base: Input | None  # the slice's own base_model
+
+    @property
+    def layer_range(self) -> tuple[int, int]:
+        return self.ranges[0]
 
 
 @dataclass
 class MergekitConfig:
     method: str
-    inputs: list[Input]  # models, or the one slice's sources; [] for a passthrough's slices
+    inputs: list[Input]  # models, or the (first) slice's sources; [] for a passthrough's
     slices: list[Slice] | None  # as written, when the config has `slices`
     base: Input | None  # base_model; its parameters are those it is listed with, if it is
     shared: list[Place] = field(default_factory=list)  # parameter blocks, most specific first
     warnings: list[str] = field(default_factory=list)
-    depth: tuple[str, int] | None = None  # (field, layers) a whole-model slice spans
+    sliced: bool = False  # the recipe takes the slices (the same inputs in each)
     base_field: str = "base_model"  # where the base was named
 
     def shared_chain(self, name: str, convert: Convert, default: Any = None) -> list[Condition]:

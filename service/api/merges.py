@@ -25,7 +25,13 @@ from core.evaluations import check_spec, comparison
 from core.hub.credentials import token_for
 from core.hub.errors import HubError
 from core.hub.pin import PinnedRepo, pin
-from core.hub.refs import HubRef, is_hub_source, parse_hub_source, replace_sources
+from core.hub.refs import (
+    HubRef,
+    is_hub_source,
+    parse_hub_source,
+    replace_sources,
+    source_parts,
+)
 from core.integrations.mlflow_registry import check_destination
 from core.lineage import get_artifact
 from core.sources import resolve_source
@@ -113,7 +119,8 @@ def check_sources(
     pins: dict[str, PinnedRepo] = {}
     sources = []
     local: dict[str, Path] = {}
-    for field, source in ((n.field, n.source) for n in named_sources(recipe)):
+    parts = [(n.field, part) for n in named_sources(recipe) for part in source_parts(n.source)]
+    for field, source in parts:  # a model+adapter source: the model and the adapter
         if not is_hub_source(source):
             local[source] = resolve_source(source, context.settings, tenant, field=field)
             continue

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.kernels.random_bits import random_bits
+from tests.reference import layer_of
 
 SCALE = 2.0**32
 
@@ -140,3 +142,14 @@ def gradient(anchors: Sequence[float], layer: int | None, num_layers: int) -> fl
     high = min(len(anchors) - 1, low + 1)
     fraction = scaled - low
     return (1 - fraction) * anchors[low] + fraction * anchors[high]
+
+
+def setting_value(setting: Any, name: str, num_layers: int) -> float:
+    """A setting's value for tensor `name`, as mergekit resolves it: a number, a gradient over
+    the layers, or the first `{filter, value}` whose filter is in the name (or absent)."""
+    if isinstance(setting, float | int):
+        return float(setting)
+    if isinstance(setting[0], dict):
+        chosen = next(c for c in setting if c.get("filter") in (None, "*") or c["filter"] in name)
+        return setting_value(chosen["value"], name, num_layers)
+    return gradient(setting, layer_of(name), num_layers)

@@ -61,6 +61,14 @@ def configs(fam: Family) -> dict[str, dict[str, Any]]:
             {"model": m("language"), "parameters": {"density": 0.5, "weight": 0.3}},
             {"model": m("task2"), "parameters": {"density": 0.5, "weight": 0.5}}],
             "parameters": {"normalize": True, "lambda": 1.2}},
+        # mergekit's examples/ties.yml, one weight negative: weights and densities by layer
+        # and tensor, per model
+        "ties_gradients": {"merge_method": "ties", **task_vectors, "models": [
+            {"model": m("task"), "parameters": {"density": [1, 0.7, 0.1], "weight": 1.0}},
+            {"model": m("language"), "parameters": {"density": 0.5, "weight": [0, 0.3, 0.7, 1]}},
+            {"model": m("task2"), "parameters": {"density": 0.33, "weight": [
+                {"filter": "mlp", "value": 0.5}, {"value": -0.2}]}}],
+            "parameters": {"normalize": True, "int8_mask": True}},
         "breadcrumbs": {"merge_method": "breadcrumbs", **task_vectors, "models": [
             {"model": m("task"), "parameters": {"weight": 0.7, "gamma": 0.05}},
             {"model": m("language"), "parameters": {"weight": 0.6}}],
@@ -141,8 +149,8 @@ def assert_mergekits(
 @pytest.mark.parametrize("family", ["llama", "llama16"])
 @pytest.mark.parametrize(
     "method",
-    ["linear", "slerp", "task_arithmetic", "ties", "breadcrumbs", "breadcrumbs_ties",
-     "nuslerp", "model_stock", "passthrough"],
+    ["linear", "slerp", "task_arithmetic", "ties", "ties_gradients", "breadcrumbs",
+     "breadcrumbs_ties", "nuslerp", "model_stock", "passthrough"],
 )  # fmt: skip
 def test_a_narrow_config_merges_as_mergekit_computes(
     method: str, family: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -178,7 +186,7 @@ def test_wider_checkpoints_are_rounded_to_the_dtype_first(
     assert torch.equal(rounded, rounded.bfloat16().float())
 
 
-@pytest.mark.parametrize("method", ["ties", "breadcrumbs_ties"])
+@pytest.mark.parametrize("method", ["ties", "ties_gradients", "breadcrumbs_ties"])
 def test_a_tensor_too_large_to_sort_whole_differs_only_at_tied_cuts(
     method: str, llama: Family, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from tests.conftest import Family
-from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.engine.mergekit_parity import mergekit_reply, run_mergekit, ulp_distance
 from tests.engine.sparsify_reference import gradient, tie_ambiguous
 from tests.engine.test_output import assert_forward_pass
 from tests.engine.vocabularies import ChatFamily, embedding_names, make_chat_family, vocabulary
@@ -300,17 +300,97 @@ def test_dry_run_shows_the_translated_recipe(
     assert not (tmp_path / "ours").exists()
 
 
-def test_a_slice_short_of_the_models_layers_is_refused(
+# Each case's slices: per slice, each source's first layer and the slice's length (6-layer
+# models). Several slices only where no parameter is a gradient (refused there: mergekit
+# spreads a gradient over each slice anew).
+OFFSETS: dict[str, list[tuple[list[int], int]]] = {
+    "linear": [([0, 2, 3], 3)],
+    "slerp": [([1, 0], 5)],
+    "ties": [([0, 3, 1], 3), ([4, 0, 2], 2)],
+    "task_arithmetic": [([2, 0, 3, 1], 2), ([0, 4, 1, 3], 2), ([5, 5, 0, 2], 1)],
+    "nuslerp-models": [([3, 0], 3)],
+    "model_stock": [([0, 1, 2, 3], 3)],
+    "karcher": [([2, 0], 4), ([0, 5], 1)],
+    "slerp-first-layers": [([0, 0], 4)],  # every model's first 4 of 6 layers: a shallower model
+}
+
+
+def offset_slices(config: dict[str, Any], offsets: list[tuple[list[int], int]]) -> dict[str, Any]:
+    """`config`'s models (or its one slice's; a base not among them last) as slices whose
+    sources take other layers of each model, their parameters as written."""
+    written = config.get("models") or config["slices"][0]["sources"]
+    entries = [{k: v for k, v in e.items() if k != "layer_range"} for e in written]
+    if config.get("base_model") and all(e["model"] != config["base_model"] for e in entries):
+        entries.append({"model": config["base_model"]})
+    slices = [{"sources": [{**e, "layer_range": [a, a + n]} for e, a in zip(entries, starts,
+                                                                           strict=True)]}
+              for starts, n in offsets]  # fmt: skip
+    return {key: value for key, value in config.items() if key != "models"} | {"slices": slices}
+
+
+@pytest.mark.parametrize("case", list(OFFSETS))
+def test_slices_of_other_layers_of_each_model_merge_as_mergekit_does(
+    case: str, llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    """Output layer k of a slice merges layer start+k of each source, the start its own, and
+    the slices stack; the non-layer tensors are merged as in a whole-model merge."""
+    m32 = lambda x: str(getattr(llama32, x))  # noqa: E731
+    karcher = {"merge_method": "karcher", "models": [{"model": m32("task")},
+               {"model": m32("language")}], "dtype": "float32"}  # fmt: skip
+    written = {**configs(llama, llama32), "karcher": karcher}
+    config = offset_slices(written[case.removesuffix("-first-layers")], OFFSETS[case])
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    ours, theirs = tmp_path / "ours", run_mergekit(config, tmp_path / "mergekit")
+    mine, reference = load(ours), load(theirs)
+    depth = sum(n for _, n in OFFSETS[case])
+    assert {layer_of(n) for n in mine} - {None} == set(range(depth))
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    for out in (ours, theirs):
+        assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == depth
+    manifest = json.loads((ours / "layerswap.json").read_text())
+    assert len(manifest["recipe"]["slices"]) == len(OFFSETS[case])
+    assert_forward_pass(ours)
+
+
+def test_slices_of_unequal_lengths_are_refused_as_mergekit_refuses_them(
+    llama32: Family, tmp_path: Path
+) -> None:
+    config = offset_slices(configs(llama32, llama32)["slerp"], [([1, 0], 5)])
+    config["slices"][0]["sources"][1]["layer_range"] = [0, 4]
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "layerswap: error [invalid_recipe]: slices.0.sources.1.layer_range: spans 4 layers, "
+        "the slice's first source 5: a slice's sources take as many layers each\n"
+    )
+    config_file = tmp_path / "config.yml"
+    theirs = mergekit_reply(config_file, tmp_path / "mergekit")
+    assert not theirs["ok"] and "same number of layers" in theirs["error"]
+
+
+def test_several_slices_with_a_gradient_are_refused(
     llama: Family, llama32: Family, tmp_path: Path
 ) -> None:
-    config = configs(llama, llama32)["slerp"]
-    for source in config["slices"][0]["sources"]:
-        source["layer_range"] = [0, 4]  # mergekit: a 4-layer model; Layerswap merges all 6
+    """mergekit spreads a gradient over each slice anew; Layerswap's over the whole stack."""
+    config = offset_slices(configs(llama, llama32)["linear"], [([0, 2, 3], 2), ([3, 0, 1], 2)])
     done = merge_config(config, tmp_path)
     assert done.returncode == 1
     assert done.stderr.startswith(
-        "layerswap: error [invalid_recipe]: slices.0.sources.0.layer_range: [0, 4) must span "
-        "every layer of the models, which have 6 layers"
+        "layerswap: error [invalid_recipe]: slices: 2 slices with a gradient: mergekit spreads"
+    )
+    assert done.stderr.count("\n") == 1
+
+
+def test_a_slice_past_a_models_layers_is_refused(llama32: Family, tmp_path: Path) -> None:
+    config = offset_slices(configs(llama32, llama32)["slerp"], [([1, 3], 4)])
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "layerswap: error [invalid_recipe]: slices.0.sources.1.layer_range: [3, 7) is outside "
+        f"{llama32.language}, which has 6 layers\n"
     )
     assert not (tmp_path / "ours").exists()
 
@@ -394,12 +474,11 @@ def test_a_refusal_is_one_line_naming_the_mergekit_field(
     llama: Family, llama32: Family, tmp_path: Path
 ) -> None:
     config = configs(llama, llama32)["ties"]
-    config["models"][2]["parameters"]["density"] = 0.7
+    config["models"][2]["parameters"]["density"] = 0
     done = merge_config(config, tmp_path)
     assert done.returncode == 1
     assert done.stderr == (
-        "layerswap: error [invalid_recipe]: models.2.parameters.density: per-model densities "
-        "differ; Layerswap's ties takes one density\n"
+        "layerswap: error [invalid_recipe]: models.2.parameters.density: 0.0: must be above 0\n"
     )
 
 

@@ -31,10 +31,6 @@ from tests.test_cli import layerswap
 
 # Why outputs differ (a config's entry in KNOWN joins one or more of these with "; ").
 RANDOM = "the drops are random: mergekit draws them unseeded, Layerswap from its seed 0"
-TENSOR_ORDER = (
-    "passthrough: every tensor is equal, but model.safetensors holds them in the output's layer "
-    "order and mergekit's sorted by name, so the file's bytes (its sha256) differ"
-)
 NAMED_TEMPLATE = (
     "a chat_template named (chatml, llama3, alpaca): Layerswap writes its own text of it, which "
     "renders a conversation as mergekit's does but is another file"
@@ -43,9 +39,6 @@ FUSION_FLOAT32 = (
     "mergekit writes arcee_fusion's tensors in float32 (holding bfloat16 values) under a "
     "config.json that says bfloat16, Layerswap in bfloat16"
 )
-LORA = "a model+lora reference: refused"
-OFFSET_SLICES = "a slice whose sources take different layer ranges: refused"
-TIES_WEIGHT = "ties with a weight that varies by layer or tensor: refused (one weight per model)"
 MERGEKIT_FAILS = (
     "mergekit 0.1.5 fails on it with a TypeError planning BERT's optional weights (their "
     "aliases are a tuple), while Layerswap merges it"
@@ -58,28 +51,20 @@ def because(*reasons: str) -> str:
 
 # Configs whose outputs differ today, and why. An entry goes when its config comes out equal.
 KNOWN: dict[str, str] = {
-    "02-ties-density-weight-gradients": TIES_WEIGHT,
-    "05-passthrough-orcamini-platy-44layer": TENSOR_ORDER,
     "06-arcee-fusion-placeholders": FUSION_FLOAT32,
-    "07-passthrough-gpt2-small": TENSOR_ORDER,
     "11-arcee-fusion-llama31-local": FUSION_FLOAT32,
-    "21-linear-offset-slices-llama31-local": OFFSET_SLICES,
     "22-della-epsilon-llama31-local": RANDOM,
     "23-della-linear-lambda-llama31-local": RANDOM,
-    "25-passthrough-mistral-instruct-overlap": TENSOR_ORDER,
     "26-passthrough-single-layer-repeats-fp32": MERGEKIT_FAILS,
     "34-dare-ties-qwen15-local-cjk-paths": RANDOM,
     "36-multislerp-kansensakura-nemo": NAMED_TEMPLATE,
-    "37-sce-lora-base-nemo": LORA,
     "38-dare-ties-weight-gradients-l3-8b": RANDOM,
     "42-dare-ties-gemma2-9b": RANDOM,
     "43-dare-ties-chat-template-gemma2": RANDOM,
     "44-dare-ties-local-fused-gemma2": RANDOM,
     "47-dare-ties-daredevil-tutorial": RANDOM,
-    "48-passthrough-neuralpipe-9b-tutorial": TENSOR_ORDER,
     "54-della-no-dtype-chat-template-l3-8b": because(RANDOM, NAMED_TEMPLATE),
     "57-della-linear-gradients-nemo": RANDOM,
-    "60-passthrough-revision-dpopenhermes": TENSOR_ORDER,
     "62-breadcrumbs-lambda-alpaca-mistral": NAMED_TEMPLATE,
     "64-della-linear-filters-nemo": because(RANDOM, NAMED_TEMPLATE),
 }

@@ -20,7 +20,7 @@ import torch
 
 from tests.conftest import Family
 from tests.engine.mergekit_parity import run_mergekit, ulp_distance
-from tests.engine.sparsify_reference import gradient, tie_ambiguous
+from tests.engine.sparsify_reference import gradient, setting_value, tie_ambiguous
 from tests.reference import assert_within_ulps, layer_of, load
 
 GRADIENT_T = [
@@ -270,6 +270,41 @@ def test_breadcrumbs_equals_mergekit(
     print(f"{identical}/{len(ours)} tensors equal bit for bit; {ambiguous_total} tied entries")
     if dtype == "float32":
         assert identical >= len(ours) - 4
+
+
+TIES_VARYING = [
+    {"weight": [0.0, 0.4, 1.0], "density": [1.0, 0.7, 0.1]},
+    {"weight": [{"filter": "mlp", "value": -0.3}, {"value": 0.8}], "density": 0.5},
+    {"weight": 0.6, "density": [{"filter": "self_attn", "value": 0.9}, {"value": 0.33}]},
+]
+
+
+def test_ties_weights_and_densities_that_vary_equal_mergekit(
+    llama32: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """Weights (0 and negative among them) and densities per model, by layer and tensor:
+    equal bits, but where |δ| ties at a cut (float32 deltas rarely do)."""
+    names = ["task", "language", "task2"]
+    params = {"weights": [p["weight"] for p in TIES_VARYING],
+              "density": [p["density"] for p in TIES_VARYING], "lambda": 0.9}  # fmt: skip
+    recipe = {"method": "ties", "base": llama32.base,
+              "models": [getattr(llama32, m) for m in names], "params": params}  # fmt: skip
+    ours = load(run_merge(recipe).out_dir)
+    models = list(zip(names, TIES_VARYING, strict=True))
+    config = _sparse_config("ties", llama32, models, {"lambda": 0.9}, "float32")
+    theirs = load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(ours) == set(theirs)
+    base, identical = load(llama32.base), 0
+    for name, tensor in ours.items():
+        differ = tensor.view(torch.int32) != theirs[name].view(torch.int32)
+        identical += not differ.any()
+        ambiguous = torch.zeros_like(differ)
+        for model, p in models:
+            delta = load(getattr(llama32, model))[name] - base[name]
+            kept = setting_value(p["density"], name, llama32.num_layers)
+            ambiguous |= tie_ambiguous(delta, kept, 0.0)
+        assert not (differ & ~ambiguous).any(), f"{name}: differs beyond tied |δ| at the cuts"
+    assert identical >= len(ours) - 4
 
 
 def test_breadcrumbs_rescale_within_rounding_of_mergekit(

@@ -196,7 +196,9 @@ def test_slerp_puts_its_base_first(listed: list[str], base: str, expected: list[
     assert recipe(config)["params"]["t"] == [0.0, 0.5, 1.0]
 
 
-def test_slerp_over_one_whole_slice_records_its_depth() -> None:
+def test_slerp_over_one_slice_takes_its_layers() -> None:
+    """One slice of every layer merges whole models; one of fewer makes a shallower model:
+    either way the recipe takes the slice, checked against the checkpoints' layers."""
     config = {
         "merge_method": "slerp",
         "base_model": "./a",
@@ -205,12 +207,13 @@ def test_slerp_over_one_whole_slice_records_its_depth() -> None:
         "parameters": {"t": 0.5},
     }  # fmt: skip
     translated = translate(config, is_local=local)
-    assert recipe_to_dict(translated.recipe)["models"] == ["./a", "./b"]
-    assert translated.origin.depth == ("slices.0.sources.0.layer_range", 32)
-    assert translated.origin.source_fields == {
-        "models.0": "slices.0.sources.0.model",
-        "models.1": "slices.0.sources.1.model",
-    }
+    written = recipe_to_dict(translated.recipe)
+    assert written["models"] == ["./a", "./b"]
+    assert written["slices"] == config["slices"]
+    fields = translated.origin.source_fields
+    assert fields["models.0"] == "slices.0.sources.0.model"
+    assert fields["models.1"] == "slices.0.sources.1.model"
+    assert fields["slices.0.sources.1.layer_range"] == "slices.0.sources.1.layer_range"
 
 
 def test_slerp_refusals() -> None:
@@ -236,21 +239,52 @@ def test_slerp_per_model_t_is_ignored_as_mergekit_ignores_it() -> None:
     )
 
 
-# -- several slices ---------------------------------------------------------------------------
-def test_only_passthrough_takes_several_slices_or_parts_of_models() -> None:
-    def sliced(*ranges: list[list[int]]) -> dict[str, Any]:
-        return {
-            "merge_method": "slerp",
-            "base_model": "./a",
-            "slices": [{"sources": [{"model": "./a", "layer_range": a},
-                                    {"model": "./b", "layer_range": b}]} for a, b in ranges],
-            "parameters": {"t": 0.5},
-        }  # fmt: skip
+# -- slices of other layers, several slices ---------------------------------------------------
+def sliced(*ranges: list[list[int]]) -> dict[str, Any]:
+    return {
+        "merge_method": "slerp",
+        "base_model": "./a",
+        "slices": [{"sources": [{"model": "./a", "layer_range": a},
+                                {"model": "./b", "layer_range": b}]} for a, b in ranges],
+        "parameters": {"t": 0.5},
+    }  # fmt: skip
 
-    refused(sliced([[0, 3], [0, 3]], [[3, 6], [3, 6]]), "slices.1", "several slices")
-    refused(sliced([[2, 6], [2, 6]]), "slices.0.sources.0.layer_range", "layer 0")
-    refused(sliced([[0, 6], [1, 7]]), "slices.0.sources.1.layer_range", "same layers")
+
+def test_slices_of_other_layers_become_the_recipes_slices() -> None:
+    config = sliced([[0, 3], [3, 6]], [[5, 6], [0, 1]])
+    translated = translate(config, is_local=local)
+    written = recipe_to_dict(translated.recipe)
+    assert (written["models"], written["params"]) == (["./a", "./b"], {"t": 0.5})
+    assert written["slices"] == [
+        {"sources": [{"model": "./a", "layer_range": [0, 3]},
+                     {"model": "./b", "layer_range": [3, 6]}]},
+        {"sources": [{"model": "./a", "layer_range": [5, 6]},
+                     {"model": "./b", "layer_range": [0, 1]}]},
+    ]  # fmt: skip
+    fields = translated.origin.source_fields
+    assert fields["slices.1.sources.1.layer_range"] == "slices.1.sources.1.layer_range"
+    assert recipe(sliced([[0, 6], [0, 6]]))["slices"][0]["sources"][1]["layer_range"] == [0, 6]
+    assert recipe(sliced([[2, 6], [2, 6]]))["slices"][0]["sources"][0]["layer_range"] == [2, 6]
+
+
+def test_slices_layerswap_cannot_merge_as_mergekit_does_are_refused() -> None:
     refused(sliced([[0, 6], [0, 5]]), "slices.0.sources.1.layer_range", "as many layers")
+    other = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    other["slices"][1]["sources"][1]["model"] = "./c"
+    refused(other, "slices.1.sources", "the same models in the same order as slices.0")
+    weighted = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    weighted["slices"][1]["parameters"] = {"t": 0.7}
+    refused(weighted, "slices.1.parameters", "differ from slices.0.parameters")
+    own = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    own["slices"][0]["sources"][1]["parameters"] = {"weight": 0.7}
+    refused(own, "slices.1.sources.1.parameters", "differ from slices.0.sources.1.parameters")
+    filtered = {
+        "merge_method": "linear",
+        "slices": [{"sources": [{"model": "./a", "layer_range": [0, 3]},
+                                {"model": "./b", "layer_range": [3, 6]}]}],
+        "parameters": {"weight": [{"filter": "layers.1.", "value": 2.0}, {"value": 1.0}]},
+    }  # fmt: skip
+    refused(filtered, "parameters.weight", "a filter with a digit")
 
 
 # -- task arithmetic -------------------------------------------------------------------------
@@ -310,20 +344,25 @@ def test_ties_density_defaults_to_mergekits_one_and_is_capped_there() -> None:
     assert not any("density" in w for w in warnings(config))
 
 
-def test_ties_per_model_densities_must_agree() -> None:
+def test_ties_weights_and_densities_per_model_vary_by_layer_and_tensor() -> None:
     config = ties_config()
-    config["models"][2]["parameters"]["density"] = 0.6
-    message = refused(config, "models.2.parameters.density")
-    assert message == (
-        "models.2.parameters.density: per-model densities differ; Layerswap's ties takes one "
-        "density"
-    )
+    config["models"][1]["parameters"] = {"weight": [0, 0.3, 1], "density": [1, 0.7, 0.1]}
+    config["models"][2]["parameters"] = {
+        "weight": [{"filter": "mlp", "value": -0.5}, {"value": 0}],
+        "density": 0.33,
+    }
+    made = recipe(config)
+    assert made["params"]["weights"] == [
+        [0.0, 0.3, 1.0],
+        [{"filter": "mlp", "value": -0.5}, {"filter": None, "value": 0.0}],
+    ]
+    assert made["params"]["density"] == [[1.0, 0.7, 0.1], 0.33]  # per model, as written
+    config["models"][2]["parameters"]["density"] = 0.5
+    config["models"][1]["parameters"]["density"] = 0.5
+    assert recipe(config)["params"]["density"] == 0.5  # one for all where every model's agrees
 
 
 def test_ties_refusals_and_what_mergekit_ignores() -> None:
-    negative = ties_config()
-    negative["models"][1]["parameters"]["weight"] = -0.5
-    refused(negative, "models.1.parameters.weight", "positive weights")
     refused(ties_config(rescale=True), "parameters.rescale", "does not rescale")
     zero = ties_config()
     zero["models"][1]["parameters"]["density"] = 0
@@ -419,14 +458,39 @@ def test_passthrough() -> None:
     assert recipe(frankenmerge(parameters={"scale": 1}))["method"] == "passthrough"
 
 
+def test_passthrough_scale_is_chained_onto_each_source() -> None:
+    """The source's scale, then its slice's, then the config's; 1 (none) leaves it out."""
+    zeroed = [{"filter": "o_proj", "value": 0}, {"value": 1}]
+    config = frankenmerge(parameters={"scale": zeroed})
+    config["slices"][1]["parameters"] = {"scale": [0.5, 1]}
+    config["parameters"] = {"scale": [{"filter": "mlp", "value": 0.3}]}
+    sources = [s["sources"][0] for s in recipe(config)["params"]["slices"]]
+    assert sources[0]["scale"] == [
+        {"filter": "o_proj", "value": 0.0},
+        {"filter": None, "value": 1.0},
+    ]
+    assert sources[1]["scale"] == [0.5, 1.0]
+    assert sources[2]["scale"] == [{"filter": "mlp", "value": 0.3}]
+    unscaled = recipe(frankenmerge(parameters={"scale": 1}))["params"]["slices"][0]["sources"][0]
+    assert "scale" not in unscaled
+
+
+def test_passthrough_over_models() -> None:
+    one = {
+        "merge_method": "passthrough",
+        "models": [{"model": "./a", "parameters": {"scale": 0.5}}],
+    }
+    assert recipe(one)["models"] == ["./a"] and recipe(one)["params"] == {"scale": 0.5}
+
+
 def test_passthrough_refusals() -> None:
-    refused(frankenmerge(parameters={"scale": [{"filter": "o_proj", "value": 0}, {"value": 1}]}),
-            "slices.0.sources.0.parameters.scale.1", "varies")  # fmt: skip
-    refused(frankenmerge(parameters={"scale": 0.5}), "slices.0.sources.0.parameters.scale")
     two = frankenmerge()
     two["slices"][1]["sources"].append({"model": "./c", "layer_range": [2, 6]})
     refused(two, "slices.1.sources", "one source per slice")
-    refused({"merge_method": "passthrough", "models": [{"model": "./a"}]}, "models", "slices")
+    models_two = {"merge_method": "passthrough", "models": [{"model": "./a"}, {"model": "./b"}]}
+    refused(models_two, "models", "exactly one")
+    other_base = {"merge_method": "passthrough", "models": [{"model": "./a"}], "base_model": "./b"}
+    refused(other_base, "base_model", "second input")
 
 
 # -- the sparsifying methods -----------------------------------------------------------------
@@ -498,10 +562,9 @@ def test_sparsifying_refusals() -> None:
 
 
 # -- methods ---------------------------------------------------------------------------------
-def test_methods_layerswap_lacks_are_refused_by_name() -> None:
-    config = {"merge_method": "ram", "models": [{"model": "./a"}]}
-    refused(config, "merge_method", "mergekit's ram has no Layerswap counterpart yet")
-    refused({**config, "merge_method": "magic"}, "merge_method", "not a mergekit 0.1.5 method")
+def test_methods_mergekit_lacks_are_refused_by_name() -> None:
+    config = {"merge_method": "magic", "models": [{"model": "./a"}]}
+    refused(config, "merge_method", "not a mergekit 0.1.5 method")
     refused({"models": [{"model": "./a"}]}, "merge_method", "required")
 
 
@@ -511,7 +574,10 @@ def test_methods_layerswap_lacks_are_refused_by_name() -> None:
     [("org/name", "hf://org/name"), ("org/name@v1.0", "hf://org/name@v1.0"),
      ("./local/dir", "./local/dir"), ("/abs/dir", "/abs/dir"),
      ({"model": {"path": "org/name", "revision": "main"}}, "hf://org/name@main"),
-     ({"model": "org/name"}, "hf://org/name"), ("hf://org/name@abc", "hf://org/name@abc")],
+     ({"model": "org/name"}, "hf://org/name"), ("hf://org/name@abc", "hf://org/name@abc"),
+     ("org/name+org/lora@v2", "hf://org/name+hf://org/lora@v2"), ("./dir+./lora", "./dir+./lora"),
+     ({"model": "org/name", "lora": {"path": "org/lora", "revision": "r1"}},
+      "hf://org/name+hf://org/lora@r1")],
 )  # fmt: skip
 def test_model_references(written: Any, source: str) -> None:
     config = {"merge_method": "linear", "models": models((written, {"weight": 1}),
@@ -521,8 +587,10 @@ def test_model_references(written: Any, source: str) -> None:
 
 @pytest.mark.parametrize(
     ("written", "field", "words"),
-    [("org/name+org/lora", "models.0.model", "model+lora"),
-     ({"model": "org/name", "lora": "org/lora"}, "models.0.model.lora", "not supported"),
+    [("org/a+org/b+org/c", "models.0.model", "a LoRA reference is model+adapter"),
+     ({"model": "org/name", "lora": "org/a+org/b"}, "models.0.model.lora", "names one model"),
+     ({"model": "org/name", "override_architecture": "X"}, "models.0.model.override_architecture",
+      "not supported"),
      ("not a repo", "models.0.model", "neither a local directory nor a Hub repository"),
      ("org/name@a@b", "models.0.model", "more than one @"),
      ("./dir@v1", "models.0.model", "has no @revision"), (None, "models.0.model", "name a model")],
@@ -731,16 +799,11 @@ def plan(num_layers: int | None) -> Any:
                            inputs=INPUTS, config_input=0, tokenizer_input=0)  # fmt: skip
 
 
-def test_the_origin_checks_the_depth_and_adds_its_warnings() -> None:
-    origin = MergekitOrigin({}, ("said",), ("slices.0.sources.0.layer_range", 6))
+def test_the_origin_adds_its_warnings_before_the_plans() -> None:
+    origin = MergekitOrigin({}, ("said",))
     fits = plan(6)
     origin.apply(fits)
     assert fits.warnings == ["said", "a plan's own"]
-    for layers in (8, None):
-        with pytest.raises(RecipeError) as caught:
-            origin.apply(plan(layers))
-        assert caught.value.details["field"] == "slices.0.sources.0.layer_range"
-        assert "must span every layer" in caught.value.message
 
 
 def test_the_origin_survives_a_job_record_and_names_sources_mergekits_way() -> None:

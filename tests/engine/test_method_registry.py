@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from engine.mergekit import NOT_YET
 from engine.methods import METHODS, mergekit_methods, register
 from engine.methods.base import Method
 from engine.schema.params import Range
@@ -41,12 +40,13 @@ def test_params_metadata_comes_from_the_types() -> None:
     t = param("slerp", "t")
     assert (t.type, t.per_model, t.varies_by_layer) == ("setting", False, True)
     assert param("model_stock", "filter_wise").type == "switch"
-    assert param("ties", "weights").per_model and not param("ties", "weights").varies_by_layer
+    assert param("ties", "weights").per_model and param("ties", "weights").varies_by_layer
+    assert param("ties", "density").per_model and not param("ties", "lambda").varies_by_layer
     assert param("ties", "density").bounds == Range(0, 1, low_open=True)
     assert str(param("dare_ties", "density").bounds) == "(0, 1]"
     assert str(param("della", "epsilon").bounds) == "[0, 0.5)"
     assert str(param("layer_swap", "bottom").bounds) == "≥ 0"
-    assert param("passthrough", "slices").required
+    assert param("passthrough", "slices").required is False  # absent: one model, whole
     assert not param("soup", "weights").varies_by_layer and param("soup", "weights").per_model
 
 
@@ -55,9 +55,8 @@ def test_each_mergekit_translation_sits_with_its_method() -> None:
     assert set(translated) == {
         "linear", "slerp", "nuslerp", "model_stock", "passthrough", "task_arithmetic", "ties",
         "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear",
-        "multislerp", "karcher", "nearswap", "sce", "arcee_fusion",
+        "multislerp", "karcher", "nearswap", "sce", "arcee_fusion", "ram", "ramplus_tl",
     }  # fmt: skip
-    assert not set(translated) & set(NOT_YET)
     for method in translated.values():
         assert method.mergekit is not None
         params = {p.name for p in method.parameters()}

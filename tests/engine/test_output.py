@@ -132,7 +132,7 @@ def test_output_files_and_manifest(llama: Family, run_merge: Any) -> None:
     assert len(manifest["plan_digest"]) == 64
 
 
-def test_sharded_output(llama: Family, run_merge: Any) -> None:
+def test_sharded_output(llama: Family, run_merge: Any, tmp_path: Path) -> None:
     result = run_merge(swap_recipe(llama, shard_size="40KB"))
     out = result.out_dir
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -157,6 +157,44 @@ def test_sharded_output(llama: Family, run_merge: Any) -> None:
     single = run_merge(swap_recipe(llama))
     assert raw_tensors(out) == raw_tensors(single.out_dir)
     assert_forward_pass(out)
+    # Each file (computed tensors and copies alike) is the one save_file writes of its tensors.
+    for file in [*(out / s for s in shards), single.out_dir / "model.safetensors"]:
+        assert file.read_bytes() == save_file_bytes(file, tmp_path / "saved.safetensors"), file
+
+
+def save_file_bytes(file: Path, path: Path) -> bytes:
+    """The bytes the safetensors library's save_file writes of the tensors in `file`."""
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(file)), str(path), metadata={"format": "pt"})
+    return path.read_bytes()
+
+
+# safetensors dtype names -> torch's
+TORCH_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+def test_save_order_and_header_are_the_safetensors_librarys(tmp_path: Path) -> None:
+    """The installed safetensors library lays tensors of every dtype out in SAVE_ORDER, then by
+    name, and encode_header writes its header's very bytes (names unescaped, padding)."""
+    from safetensors.torch import save_file
+
+    from engine.io.safetensors_format import DTYPE_SIZES, SAVE_ORDER, encode_header, save_order
+
+    assert sorted(SAVE_ORDER) == sorted(DTYPE_SIZES) == sorted(TORCH_DTYPES)
+    names = ["b", "a.10", "a.9", "B", "é"]
+    tensors = {f"{n}.{d}": torch.zeros(3, dtype=t) for d, t in TORCH_DTYPES.items() for n in names}
+    path = tmp_path / "saved.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    header, data_start = read_header(path)
+    assert list(header) == sorted(header, key=lambda n: save_order(header[n]["dtype"], n))
+    assert list(header) != sorted(header)  # the dtype decides first
+    assert encode_header(header, {"format": "pt"}) == path.read_bytes()[:data_start]
 
 
 def test_sharded_inputs(llama: Family, sharded: Sharded, run_merge: Any) -> None:

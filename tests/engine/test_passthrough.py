@@ -16,7 +16,7 @@ from engine.planner import make_plan
 from engine.recipe import parse_recipe
 from tests.conftest import Family
 from tests.engine.test_output import assert_forward_pass
-from tests.reference import load
+from tests.reference import load, read_header
 
 
 def passthrough(*slices: tuple[Path, int, int], models: list[Path] | None = None) -> Any:
@@ -99,6 +99,30 @@ def test_every_tensor_is_a_copy_and_dtype_conversion_reads_renamed(
     expected = expected_stack([(llama.language, 3, 5)], "model.layers", LLAMA_HEAD)
     assert_same(result.out_dir, {n: t.float() for n, t in expected.items()})
     assert json.loads((result.out_dir / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_a_reordered_stack_is_laid_out_as_save_file_writes_it(
+    llama: Family, run_merge: Any, tmp_path: Path
+) -> None:
+    """A stack of 12 layers taken out of order: the file holds its tensors sorted by name (after
+    dtype), as the safetensors library's save_file lays them out (mergekit writes with it), not
+    in layer order; byte for byte the file save_file writes of the same tensors."""
+    from safetensors.torch import save_file
+
+    slices = [(llama.language, 3, 6), (llama.task, 0, 6), (llama.language, 0, 3)]
+    result = run_merge(passthrough(*slices))
+    out = result.out_dir / "model.safetensors"
+    header, _ = read_header(out)
+    names = list(header)
+    assert names == sorted(names)
+    assert names.index("model.layers.10.mlp.up_proj.weight") < names.index(
+        "model.layers.2.mlp.up_proj.weight"
+    )
+    starts = [header[n]["data_offsets"][0] for n in names]
+    assert starts == sorted(starts)  # the data in the header's order
+    saved = tmp_path / "save_file.safetensors"
+    save_file(load(result.out_dir), str(saved), metadata={"format": "pt"})
+    assert out.read_bytes() == saved.read_bytes()
 
 
 def test_layer_range_outside_the_model_names_its_field(llama: Family, run_merge: Any) -> None:

@@ -1,6 +1,7 @@
 """Progress moves as the bytes are written: a layer swap of a checkpoint with a few large
-tensors (copies first, then large computed embeddings waiting behind them) reports progress
-at least every few percent of its bytes, not once at the end of each computed tensor."""
+tensors (large computed embeddings and head, laid out before the copied layers by name, so the
+writer waits for them) reports progress at least every few percent of its bytes, not once at
+the end of each computed tensor."""
 
 from __future__ import annotations
 

@@ -48,7 +48,10 @@ INVALID: dict[str, tuple[Any, str]] = {
         {**ARITHMETIC, "params": {"weights": [0.5, -0.5]}},
         "params.weights",
     ),
-    "ties-negative-weight": ({**TIES, "params": {"weights": [1.0, -0.5]}}, "params.weights"),
+    "ties-density-above-one": (
+        {**TIES, "params": {"density": [0.5, [1, 1.5]]}},
+        "params.density.1",
+    ),
     "soup-weights-length": ({**SOUP, "params": {"weights": [1, 2, 3]}}, "params.weights"),
     "ties-weights-length": ({**TIES, "params": {"weights": [1]}}, "params.weights"),
     "density-zero": ({**TIES, "params": {"density": 0}}, "params.density"),

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import Family
-from tests.reference import assert_within_ulps, load, sha256, ties
+from tests.engine.sparsify_reference import setting_value
+from tests.reference import assert_within_ulps, load, sha256, ties, top_k_mask
 
 CASES: dict[str, dict[str, Any]] = {
     "d0.5-normalize": {"density": 0.5, "normalize": True},
@@ -82,6 +83,50 @@ def test_ties_three_models(llama: Family, run_merge: Any) -> None:
         }
     )
     assert check_ties(llama, models, params, result.out_dir) > 0
+
+
+# Per model: a weight gradient from 0, a weight by tensor name (negative on the MLPs), density
+# gradients and a density by tensor name; each tensor's resolved as mergekit resolves them.
+VARYING = {
+    "weights": [[0.0, 0.6, 1.0], [{"filter": "mlp", "value": -0.35}, {"value": 0.9}], 0.5],
+    "density": [[1.0, 0.2], 0.5, [{"filter": "self_attn", "value": 0.8}, {"value": 0.3}]],
+    "lambda": 1.1,
+}
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+@pytest.mark.parametrize("chunk_elements", [1000, None])
+def test_ties_weights_and_densities_that_vary_match_reference(
+    family_name: str, chunk_elements: int | None, request: pytest.FixtureRequest, run_merge: Any
+) -> None:
+    fam: Family = request.getfixturevalue(family_name)
+    models = ["task", "language", "language2"]
+    options = {"chunk_elements": chunk_elements} if chunk_elements else {}
+    recipe = {"method": "ties", "base": fam.base, "models": [getattr(fam, m) for m in models],
+              "params": VARYING}  # fmt: skip
+    out = load(run_merge(recipe, **options).out_dir)
+    base, inputs = load(fam.base), [load(getattr(fam, m)) for m in models]
+    eps, trimmed = torch.finfo(torch.float32).eps, set()
+    for name, b in base.items():
+        weights = [setting_value(s, name, fam.num_layers) for s in VARYING["weights"]]
+        densities = [setting_value(s, name, fam.num_layers) for s in VARYING["density"]]
+        deltas = [
+            (m[name].float() - b.float()) * top_k_mask((m[name].float() - b.float()).abs(), kept)
+            for m, kept in zip(inputs, densities, strict=True)
+        ]  # trimmed
+        expected = ties(b, [m[name] for m in inputs], weights, density=densities, lambda_=1.1,
+                        normalize=True)  # fmt: skip
+        magnitude = sum(abs(w) * d.abs() for w, d in zip(weights, deltas, strict=True))
+        # Where Σ wᵢ·δᵢ cancels to within rounding (bf16 deltas on a grid, weights of both
+        # signs), the order of the sum decides the elected sign: not compared.
+        total = sum(w * d for w, d in zip(weights, deltas, strict=True))
+        decided = (total.abs() > 4 * eps * magnitude) | (magnitude == 0)
+        assert int((~decided).sum()) <= max(2, decided.numel() // 100), name
+        # the divisor may be a difference of weights (0.9 − 0.35): more float32 slack
+        slack = (16 * eps * (b.float().abs() + magnitude))[decided]
+        assert_within_ulps(out[name][decided], expected[decided], 1, name, slack)
+        trimmed.add(tuple(densities))
+    assert len(trimmed) > 3  # the densities did vary from tensor to tensor
 
 
 def test_ties_density_changes_the_result(llama32: Family, run_merge: Any) -> None:

@@ -46,6 +46,12 @@ def _recipes(fam: Family, fam32: Family, fam16: Family) -> list[dict[str, Any]]:
         ties(fam32, pair32, params={"density": 0.3, "weights": [1.0, 0.5], "lambda": 1.4}),
         ties(fam32, pair32, output={"dtype": "bfloat16"}),
         ties(fam16, [fam16.task, fam16.language], params={"density": 0.7}),
+        # weights and densities per model, by layer and tensor: 0, negative, kept whole
+        ties(fam, [fam.task, fam.language, fam.language2], params={
+            "weights": [[0.0, 1.0], [{"filter": "mlp", "value": -0.4}, {"value": 0.8}], 0.5],
+            "density": [[1.0, 0.3], 0.5, [{"filter": "self_attn", "value": 1.0}, {"value": 0.2}]],
+        }),
+        ties(fam32, pair32, params={"weights": [[0.5, 0.0], 1.2], "density": [0.4, [0.9, 0.1]]}),
     ]  # fmt: skip
 
 

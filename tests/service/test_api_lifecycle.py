@@ -570,7 +570,7 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert set(methods) == {
         "layer_swap", "soup", "task_arithmetic", "ties", "linear", "slerp", "nuslerp",
         "passthrough", "model_stock", *sparse, "multislerp", "karcher", "nearswap", "sce",
-        "arcee_fusion",
+        "arcee_fusion", "ram", "ramplus_tl",
     }  # fmt: skip
     assert {m: methods[m]["base"] for m in methods} == {
         "layer_swap": "optional",
@@ -585,13 +585,14 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
         **dict.fromkeys(sparse, "required"),
         "multislerp": "optional",
         "karcher": "unused",
-        **dict.fromkeys(("nearswap", "sce", "arcee_fusion"), "required"),
+        **dict.fromkeys(("nearswap", "sce", "arcee_fusion", "ram", "ramplus_tl"), "required"),
     }
     assert methods["layer_swap"]["inputs"] == "experts"
     assert all(methods[m]["inputs"] == "models" for m in set(methods) - {"layer_swap"})
     assert set(methods["slerp"]["params"]) == {"t"}
+    assert set(methods["ramplus_tl"]["params"]) == {"epsilon", "r", "alpha"}
     assert set(methods["linear"]["params"]) == {"weights", "normalize"}
-    assert set(methods["passthrough"]["params"]) == {"slices"}
+    assert set(methods["passthrough"]["params"]) == {"slices", "scale"}
     assert set(methods["nuslerp"]["params"]) == {"weights", "nuslerp_flatten", "nuslerp_row_wise"}
     assert methods["nuslerp"]["params"]["nuslerp_flatten"]["default"] is True
     assert set(methods["model_stock"]["params"]) == {"filter_wise"}
@@ -600,9 +601,9 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert set(swap) >= {"bottom", "top", "bottom_transition", "top_transition", "non_layer"}
     assert swap["bottom"]["type"] == "integer"
     assert swap["bottom"]["default"] == 5 and swap["bottom"]["minimum"] == 0
-    density = methods["ties"]["params"]["density"]
-    assert density["type"] == "number" and density["default"] == 0.5
-    assert density["exclusiveMinimum"] == 0 and density["maximum"] == 1
+    density = methods["ties"]["params"]["density"]  # a number, or a setting per model
+    assert density["default"] == 0.5 and density["anyOf"][0] == {"type": "number"}
+    assert density["anyOf"][1]["type"] == "array" and "(0, 1]" in density["description"]
     assert "lambda" in methods["task_arithmetic"]["params"]  # the name a recipe uses
     shared = {"weights", "density", "lambda", "normalize", "rescale", "int8_mask"}
     for name in ("dare_ties", "dare_linear"):
@@ -618,7 +619,7 @@ def test_methods_list_every_method_with_its_parameters(service: Service) -> None
     assert methods["della"]["params"]["epsilon"]["default"] == 0.15
     assert methods["dare_ties"]["params"]["seed"]["default"] == 0
     assert "weights" in methods["soup"]["params"]
-    assert methods["passthrough"]["required"] == ["slices"]
+    assert methods["passthrough"]["required"] == []  # no slices: its one model, whole
     assert methods["nearswap"]["required"] == ["t"]
     assert set(methods["multislerp"]["params"]) == {"weights", "normalize_weights", "eps"}
     assert methods["karcher"]["params"]["max_iter"]["default"] == 10
