@@ -12,7 +12,14 @@ from engine.plan.model import InputRef, Op, SparsifySettings, Term, Thinning, Ti
 from engine.progress import CancelCheck
 from engine.schema.params import Param, describe
 from engine.schema.parts import RecipeBase, Strict
-from engine.schema.settings import Condition, Setting, Switch, SwitchCondition
+from engine.schema.settings import (
+    Condition,
+    Setting,
+    Switch,
+    SwitchCondition,
+    position,
+    resolve,
+)
 from engine.translation.translators import Translation
 
 # (tensor name, layer index or None) -> (op, terms, provenance label)
@@ -127,6 +134,27 @@ def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting | Switch
             "that do not vary by layer",
         )
     return inputs.checkpoints[0].require_layers(method).count
+
+
+def setting_scalars(inputs: Inputs, method: str, settings: dict[str, Setting]) -> ScalarsRule:
+    """A tensor's scalars: each param's setting resolved for the tensor's name and layer."""
+    num_layers = layer_count(inputs, method, list(settings.values()))
+
+    def scalars(name: str, layer: int | None) -> tuple[tuple[str, float], ...]:
+        found = []
+        for key, setting in settings.items():
+            value = resolve(setting, name=name, at=position(layer, num_layers))
+            if value is None:
+                raise RecipeError.for_field(f"params.{key}", f"no filter matches {name}")
+            found.append((key, value))
+        return tuple(found)
+
+    return scalars
+
+
+def described(settings: dict[str, Setting]) -> dict[str, Any]:
+    """The settings as a plan's resolved_weights record them: a number, or "varies"."""
+    return {key: s if isinstance(s, float) else "varies" for key, s in settings.items()}
 
 
 def _has_gradient(setting: Setting | Switch) -> bool:

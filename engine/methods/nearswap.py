@@ -14,10 +14,10 @@ from typing import Any, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.errors import RecipeError
-from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.base import Inputs, Method, MethodPlan, described, setting_scalars
 from engine.plan.model import Op, Term
 from engine.schema.parts import ModelsRecipe, Source, Strict, check_base_apart
-from engine.schema.settings import Setting, position, resolve
+from engine.schema.settings import Setting
 from engine.translation.config import MergekitConfig
 from engine.translation.translators import Parameter, Translation, read_parameters, task_vectors
 
@@ -46,25 +46,18 @@ class NearswapRecipe(ModelsRecipe):
 def plan_nearswap(recipe: NearswapRecipe, inputs: Inputs) -> MethodPlan:
     (model,) = inputs.indices("model")
     base = inputs.indices("base")[0]
-    setting = recipe.params.t
-    num_layers = layer_count(inputs, recipe.method, [setting])
+    settings: dict[str, Setting] = {"t": recipe.params.t}
     made = (Term(base, 1.0), Term(model, 1.0))  # the kernel takes the base first
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         return "nearswap", made, "nearswap"
 
-    def scalars(name: str, layer: int | None) -> tuple[tuple[str, float], ...]:
-        t = resolve(setting, name=name, at=position(layer, num_layers))
-        if t is None:
-            raise RecipeError.for_field("params.t", f"no filter matches {name}")
-        return (("t", t),)
-
     return MethodPlan(
         rule=rule,
         config_input=base,
         tokenizer_input=base,
-        scalars=scalars,
-        resolved_weights={"t": setting if isinstance(setting, float) else "varies"},
+        scalars=setting_scalars(inputs, recipe.method, settings),
+        resolved_weights=described(settings),
     )
 
 

@@ -15,13 +15,12 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.errors import RecipeError
-from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.base import Inputs, Method, MethodPlan, described, setting_scalars
 from engine.methods.sparsify import numbers
 from engine.plan.model import Op, Term
 from engine.schema.params import Range, bounds
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
-from engine.schema.settings import Setting, position, resolve
+from engine.schema.settings import Setting
 from engine.translation.translators import Parameter, Translation, translate_task_vectors
 
 EPSILON_HELP = "|δ| at or below it does not take part"
@@ -80,31 +79,18 @@ def plan_ram(recipe: RamRecipe, inputs: Inputs) -> MethodPlan:
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
     settings: dict[str, Setting] = dict(recipe.params)
-    num_layers = layer_count(inputs, recipe.method, list(settings.values()))
     made = (*(Term(i, 1.0) for i in models), Term(base, 1.0))  # the kernel takes the base last
     op: Op = OPS[recipe.method]
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         return op, made, op
 
-    def scalars(name: str, layer: int | None) -> tuple[tuple[str, float], ...]:
-        found = []
-        for key, setting in settings.items():
-            value = resolve(setting, name=name, at=position(layer, num_layers))
-            if value is None:
-                raise RecipeError.for_field(f"params.{key}", f"no filter matches {name}")
-            found.append((key, value))
-        return tuple(found)
-
     return MethodPlan(
         rule=rule,
         config_input=base,
         tokenizer_input=base,
-        scalars=scalars,
-        resolved_weights={
-            key: setting if isinstance(setting, float) else "varies"
-            for key, setting in settings.items()
-        },
+        scalars=setting_scalars(inputs, recipe.method, settings),
+        resolved_weights=described(settings),
     )
 
 

@@ -19,13 +19,12 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.errors import RecipeError
-from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.base import Inputs, Method, MethodPlan, described, setting_scalars
 from engine.methods.sparsify import numbers
 from engine.plan.model import Op, Term
 from engine.schema.params import Range, bounds
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
-from engine.schema.settings import Setting, position, resolve
+from engine.schema.settings import Setting
 from engine.translation.settings import flag, number
 from engine.translation.translators import Parameter, Translation, translate_task_vectors
 
@@ -67,26 +66,19 @@ class SceRecipe(ModelsRecipe):
 def plan_sce(recipe: SceRecipe, inputs: Inputs) -> MethodPlan:
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
-    setting = recipe.params.select_topk
-    num_layers = layer_count(inputs, recipe.method, [setting])
+    settings: dict[str, Setting] = {"select_topk": recipe.params.select_topk}
     # the kernel takes the base as the last term; the weights come from the deltas
     made = (*(Term(i, 1.0) for i in models), Term(base, 1.0))
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         return "sce", made, "sce"
 
-    def scalars(name: str, layer: int | None) -> tuple[tuple[str, float], ...]:
-        found = resolve(setting, name=name, at=position(layer, num_layers))
-        if found is None:
-            raise RecipeError.for_field("params.select_topk", f"no filter matches {name}")
-        return (("select_topk", found),)
-
     return MethodPlan(
         rule=rule,
         config_input=base,
         tokenizer_input=base,
-        scalars=scalars,
-        resolved_weights={"select_topk": setting if isinstance(setting, float) else "varies"},
+        scalars=setting_scalars(inputs, recipe.method, settings),
+        resolved_weights=described(settings),
     )
 
 

@@ -20,6 +20,9 @@ import pytest
 import torch
 import yaml
 
+from engine.mergekit import translate
+from tests.reference import load as load_tensors
+
 ROOT = Path(__file__).resolve().parents[2]
 MERGEKIT = ROOT / ".venv-bench" / "bin" / "mergekit-yaml"
 RUNNER = Path(__file__).with_name("mergekit_runner.py")
@@ -96,3 +99,33 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> int:
         return torch.where(i < 0, -(i & ~torch.iinfo(as_int).min), i)  # sign-magnitude -> line
 
     return int((ordered(actual) - ordered(expected)).abs().max())
+
+
+def worst_ulps(ours: Path, theirs: Path) -> int:
+    """The largest ulp distance between two outputs' tensors (the same names in both)."""
+    mine, reference = load_tensors(ours), load_tensors(theirs)
+    assert set(mine) == set(reference)
+    worst = max(ulp_distance(mine[k], reference[k]) for k in mine)
+    print(f"max ulp distance to mergekit: {worst}")
+    return worst
+
+
+def family_config(
+    method: str, fam: Any, models: list[tuple[str, dict[str, Any]]], out_dtype: str,
+    *, dtype: str = "float32", **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """A mergekit config over a test family's checkpoints: (role, parameters) per model."""
+    return {
+        "merge_method": method,
+        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in models],
+        "dtype": dtype,
+        "out_dtype": out_dtype,
+        **extra,
+    }
+
+
+def translated_merge(config: dict[str, Any], run_merge: Any, **options: Any) -> Path:
+    """The merge of the mergekit config as Layerswap translates it."""
+    translated = translate(config, is_local=lambda source: Path(source).is_dir())
+    recipe = translated.recipe.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Path(run_merge(recipe, **options).out_dir)

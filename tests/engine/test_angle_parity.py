@@ -16,31 +16,9 @@ import pytest
 import torch
 
 from tests.conftest import Family
-from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.engine.mergekit_parity import family_config, run_mergekit, ulp_distance, worst_ulps
 from tests.engine.vocabularies import embedding_names, make_chat_family, vocabulary
 from tests.reference import load
-
-
-def _compare(ours: Path, theirs: Path) -> int:
-    mine, reference = load(ours), load(theirs)
-    assert set(mine) == set(reference)
-    worst = max(ulp_distance(mine[k], reference[k]) for k in mine)
-    print(f"max ulp distance to mergekit: {worst}")
-    return worst
-
-
-def _mergekit_config(
-    method: str, fam: Family, models: list[tuple[str, dict[str, Any]]], out_dtype: str,
-    **extra: Any,
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "merge_method": method,
-        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in models],
-        "dtype": "float32",
-        "out_dtype": out_dtype,
-        **extra,
-    }
-
 
 NUSLERP_CASES = [
     (False, {"weights": [0.3, [0.2, 1.0]]}),
@@ -55,7 +33,7 @@ def _nuslerp_config(fam: Family, with_base: bool, params: dict[str, Any], dtype:
     weights = params.get("weights", [1.0, 1.0])
     switches = {k: v for k, v in params.items() if k != "weights"}
     models = [("task", {"weight": weights[0]}), ("language", {"weight": weights[1]})]
-    config = _mergekit_config("nuslerp", fam, models, dtype, parameters=switches)
+    config = family_config("nuslerp", fam, models, dtype, parameters=switches)
     if with_base:
         config["base_model"] = str(fam.base)
     return config
@@ -79,11 +57,11 @@ def test_nuslerp_equals_mergekit(
     ours = run_merge(recipe).out_dir
     dtype = "bfloat16" if family_name == "llama" else "float32"
     theirs = run_mergekit(_nuslerp_config(fam, with_base, params, dtype), tmp_path / "mergekit")
-    assert _compare(ours, theirs) == 0
+    assert worst_ulps(ours, theirs) == 0
 
 
 def _model_stock_config(fam: Family, models: list[str], filter_wise: Any, dtype: str) -> Any:
-    return _mergekit_config(
+    return family_config(
         "model_stock", fam, [(m, {}) for m in models], dtype, base_model=str(fam.base),
         parameters={"filter_wise": filter_wise},
     )  # fmt: skip
@@ -114,7 +92,7 @@ def test_model_stock_equals_mergekit(
     ours = run_merge(recipe).out_dir
     dtype = "bfloat16" if family_name == "llama" else "float32"
     theirs = run_mergekit(_model_stock_config(fam, models, filter_wise, dtype), tmp_path / "mk")
-    assert _compare(ours, theirs) == 0
+    assert worst_ulps(ours, theirs) == 0
 
 
 @pytest.mark.parametrize("method", ["nuslerp", "model_stock"])
@@ -133,7 +111,7 @@ def test_vectors_longer_than_a_chunk_within_an_ulp_of_mergekit(
                   "models": [llama.task, llama.language, llama.task2]}  # fmt: skip
         config = _model_stock_config(llama, ["task", "language", "task2"], False, "bfloat16")
     ours = run_merge(recipe, chunk_elements=1000).out_dir
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
 
 
 @pytest.mark.parametrize("method", ["nuslerp", "model_stock"])

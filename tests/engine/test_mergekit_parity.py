@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import Family
-from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.engine.mergekit_parity import family_config, run_mergekit, worst_ulps
 from tests.engine.sparsify_reference import gradient, setting_value, tie_ambiguous
 from tests.reference import assert_within_ulps, layer_of, load
 
@@ -39,26 +39,6 @@ def unrelated(tmp_path_factory: pytest.TempPathFactory, llama32: Family) -> Path
         tmp_path_factory.mktemp("unrelated") / "model", arch="llama", layers=6,
         dtype=torch.float32, seed=77,
     )  # fmt: skip
-
-
-def _compare(ours: Path, theirs: Path) -> int:
-    mine, reference = load(ours), load(theirs)
-    assert set(mine) == set(reference)
-    worst = max(ulp_distance(mine[k], reference[k]) for k in mine)
-    print(f"max ulp distance to mergekit: {worst}")
-    return worst
-
-
-def _mergekit_config(
-    method: str, fam: Family, models: list[tuple[str, dict[str, Any]]], dtype: str, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "merge_method": method,
-        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in models],
-        "dtype": dtype,
-        "out_dtype": dtype,
-        **extra,
-    }
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
@@ -84,14 +64,15 @@ def test_linear_equals_mergekit(
     }
     ours = run_merge(recipe).out_dir
     dtype = "bfloat16" if family_name == "llama" else "float32"
-    config = _mergekit_config(
+    config = family_config(
         "linear",
         fam,
         [(m, {"weight": w}) for m, w in zip(names, weights, strict=True)],
         dtype,
+        dtype=dtype,
         parameters={"normalize": normalize},
     )
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
@@ -113,15 +94,16 @@ def test_slerp_equals_mergekit(
     recipe = {"method": "slerp", "models": [getattr(fam, m) for m in pair], "params": {"t": t}}
     ours = run_merge(recipe).out_dir
     dtype = "bfloat16" if family_name == "llama" else "float32"
-    config = _mergekit_config(
+    config = family_config(
         "slerp",
         fam,
         [(pair[0], {}), (pair[1], {})],
         dtype,
+        dtype=dtype,
         base_model=str(getattr(fam, pair[0])),
         parameters={"t": t},
     )
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
 
 
 def test_slerp_far_apart_equals_mergekit(
@@ -137,7 +119,7 @@ def test_slerp_far_apart_equals_mergekit(
         "dtype": "float32",
         "out_dtype": "float32",
     }
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) <= 1
 
 
 def _slices_config(slices: list[tuple[Path, int, int]], dtype: str) -> dict[str, Any]:
@@ -172,7 +154,7 @@ def test_passthrough_equals_mergekit(
     }  # fmt: skip
     ours = run_merge(recipe).out_dir
     theirs = run_mergekit(_slices_config(slices, dtype), tmp_path / "mergekit")
-    assert _compare(ours, theirs) == 0
+    assert worst_ulps(ours, theirs) == 0
     layers = sum(e - s for _, s, e in slices)
     for out in (ours, theirs):
         assert json.loads((out / "config.json").read_text())[key] == layers

@@ -17,8 +17,7 @@ import torch
 from engine.errors import RecipeError
 from engine.recipe import parse_recipe
 from tests.conftest import Family
-from tests.engine.mergekit_parity import run_mergekit, ulp_distance
-from tests.engine.test_sphere_selective_parity import _ours
+from tests.engine.mergekit_parity import run_mergekit, translated_merge, ulp_distance
 from tests.reference import layer_of, load
 
 SMALL_CHUNK = 1000  # every 2-D weight of the test models is larger: read in pieces
@@ -109,7 +108,10 @@ def test_equals_mergekit(
     config = {"merge_method": method, "base_model": str(family.base),
               "models": [{"model": str(getattr(family, n))} for n in NAMES],
               "parameters": params, "dtype": dtype, "out_dtype": dtype}  # fmt: skip
-    ours, theirs = load(_ours(config, run_merge)), load(run_mergekit(config, tmp_path / "mk"))
+    ours, theirs = (
+        load(translated_merge(config, run_merge)),
+        load(run_mergekit(config, tmp_path / "mk")),
+    )
     assert set(ours) == set(theirs)
     assert max(ulp_distance(ours[n], theirs[n]) for n in ours) == 0
     assert any(not torch.equal(ours[n], load(family.base)[n]) for n in ours)

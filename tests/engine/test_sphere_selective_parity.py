@@ -17,42 +17,19 @@ from typing import Any
 import pytest
 import torch
 
-from engine.mergekit import translate
 from tests.conftest import Family
-from tests.engine.mergekit_parity import run_mergekit, ulp_distance
+from tests.engine.mergekit_parity import (
+    family_config,
+    run_mergekit,
+    translated_merge,
+    ulp_distance,
+    worst_ulps,
+)
 from tests.engine.test_output import assert_forward_pass
 from tests.engine.vocabularies import embedding_names, make_chat_family, vocabulary
 from tests.reference import load
 
 SMALL_CHUNK = 1000  # every 2-D weight of the test models is larger: read in pieces
-
-
-def _compare(ours: Path, theirs: Path) -> int:
-    mine, reference = load(ours), load(theirs)
-    assert set(mine) == set(reference)
-    worst = max(ulp_distance(mine[k], reference[k]) for k in mine)
-    print(f"max ulp distance to mergekit: {worst}")
-    return worst
-
-
-def _config(
-    method: str, fam: Family, models: list[tuple[str, dict[str, Any]]], out_dtype: str,
-    **extra: Any,
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "merge_method": method,
-        "models": [{"model": str(getattr(fam, m)), "parameters": p} for m, p in models],
-        "dtype": "float32",
-        "out_dtype": out_dtype,
-        **extra,
-    }
-
-
-def _ours(config: dict[str, Any], run_merge: Any, **options: Any) -> Path:
-    """The merge of the mergekit config as Layerswap translates it."""
-    translated = translate(config, is_local=lambda source: Path(source).is_dir())
-    recipe = translated.recipe.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return Path(run_merge(recipe, **options).out_dir)
 
 
 def _dtype(family_name: str) -> str:
@@ -98,11 +75,11 @@ def test_multislerp_equals_mergekit(
     zero, which mergekit refuses, so the cases with a base and three models are float32.)"""
     family_name, with_base, models, shared = MULTISLERP_CASES[case]
     fam: Family = request.getfixturevalue(family_name)
-    config = _config("multislerp", fam, models, _dtype(family_name), parameters=shared)
+    config = family_config("multislerp", fam, models, _dtype(family_name), parameters=shared)
     if with_base:
         config["base_model"] = str(fam.base)
-    ours = _ours(config, run_merge)
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    ours = translated_merge(config, run_merge)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
@@ -127,14 +104,14 @@ def test_karcher_equals_mergekit(
     stopped before it converges is equal only on mergekit's thread count, the process's
     default, on which the kernel takes them too."""
     fam: Family = request.getfixturevalue(family_name)
-    config = _config("karcher", fam, [(n, {}) for n in names], _dtype(family_name),
+    config = family_config("karcher", fam, [(n, {}) for n in names], _dtype(family_name),
                      parameters=shared)  # fmt: skip
     if with_base:  # mergekit merges it as one more model
         config["base_model"] = str(fam.base)
-    ours = _ours(config, run_merge)
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    ours = translated_merge(config, run_merge)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
     if shared:  # the parameters count: the defaults give another result
-        default = load(_ours({**config, "parameters": {}}, run_merge))
+        default = load(translated_merge({**config, "parameters": {}}, run_merge))
         assert any(not torch.equal(default[n], t) for n, t in load(ours).items())
 
 
@@ -147,10 +124,10 @@ def test_nearswap_equals_mergekit(
     family_name: str, t: Any, request: pytest.FixtureRequest, run_merge: Any, tmp_path: Path
 ) -> None:
     fam: Family = request.getfixturevalue(family_name)
-    config = _config("nearswap", fam, [("task", {})], _dtype(family_name), parameters={"t": t},
-                     base_model=str(fam.base))  # fmt: skip
-    ours = _ours(config, run_merge)
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    config = family_config("nearswap", fam, [("task", {})], _dtype(family_name),
+                           parameters={"t": t}, base_model=str(fam.base))  # fmt: skip
+    ours = translated_merge(config, run_merge)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
@@ -169,10 +146,10 @@ def test_sce_equals_mergekit(
     tmp_path: Path,
 ) -> None:
     fam: Family = request.getfixturevalue(family_name)
-    config = _config("sce", fam, [(n, {}) for n in names], _dtype(family_name),
+    config = family_config("sce", fam, [(n, {}) for n in names], _dtype(family_name),
                      base_model=str(fam.base), parameters={"select_topk": select_topk})  # fmt: skip
-    ours = _ours(config, run_merge)
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    ours = translated_merge(config, run_merge)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
@@ -180,10 +157,10 @@ def test_arcee_fusion_equals_mergekit(
     family_name: str, request: pytest.FixtureRequest, run_merge: Any, tmp_path: Path
 ) -> None:
     fam: Family = request.getfixturevalue(family_name)
-    config = _config("arcee_fusion", fam, [("base", {}), ("language", {})], _dtype(family_name),
-                     base_model=str(fam.base))  # fmt: skip
-    ours = _ours(config, run_merge)
-    assert _compare(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    config = family_config("arcee_fusion", fam, [("base", {}), ("language", {})],
+                           _dtype(family_name), base_model=str(fam.base))  # fmt: skip
+    ours = translated_merge(config, run_merge)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
 
 
 PIECES = {
@@ -204,11 +181,11 @@ def test_tensors_larger_than_a_chunk_within_ulps_of_mergekit(
     ulp of mergekit's (arcee_fusion's quantiles are exact order statistics: equal; sce's
     selection in pieces: test_sce_selection_in_pieces_near_mergekit)."""
     models, shared, with_base = PIECES[method]
-    config = _config(method, llama, models, "bfloat16", parameters=shared)
+    config = family_config(method, llama, models, "bfloat16", parameters=shared)
     if with_base:
         config["base_model"] = str(llama.base)
-    ours = _ours(config, run_merge, chunk_elements=SMALL_CHUNK)
-    worst = _compare(ours, run_mergekit(config, tmp_path / "mergekit"))
+    ours = translated_merge(config, run_merge, chunk_elements=SMALL_CHUNK)
+    worst = worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit"))
     assert worst <= (0 if method == "arcee_fusion" else 1)
 
 
@@ -220,9 +197,9 @@ def test_sce_selection_in_pieces_near_mergekit(
     order, mergekit's torch.topk its own), and its mean squares are summed in float64: the
     outputs agree to float32 rounding of the weights, 1e-5 of the tensor's largest change."""
     names = ["task", "language", "task2"]
-    config = _config("sce", llama32, [(n, {}) for n in names], "float32",
+    config = family_config("sce", llama32, [(n, {}) for n in names], "float32",
                      base_model=str(llama32.base), parameters={"select_topk": 0.4})  # fmt: skip
-    ours = load(_ours(config, run_merge, chunk_elements=SMALL_CHUNK))
+    ours = load(translated_merge(config, run_merge, chunk_elements=SMALL_CHUNK))
     theirs = load(run_mergekit(config, tmp_path / "mergekit"))
     base, models = load(llama32.base), [load(getattr(llama32, n)) for n in names]
     for name, expected in theirs.items():
@@ -250,10 +227,16 @@ def test_in_mergekits_bfloat16_arithmetic_equal_too(
     """With `dtype: bfloat16` mergekit computes each step in bf16 (karcher's norms in float32,
     arcee_fusion's mask as float32): the translated recipe computes as it does, bit for bit."""
     models, shared, with_base = BF16_CASES[method]
-    config = {**_config(method, llama, models, "bfloat16", parameters=shared), "dtype": "bfloat16"}
+    config = {
+        **family_config(method, llama, models, "bfloat16", parameters=shared),
+        "dtype": "bfloat16",
+    }
     if with_base:
         config["base_model"] = str(llama.base)
-    assert _compare(_ours(config, run_merge), run_mergekit(config, tmp_path / "mergekit")) == 0
+    assert (
+        worst_ulps(translated_merge(config, run_merge), run_mergekit(config, tmp_path / "mergekit"))
+        == 0
+    )
 
 
 @pytest.mark.parametrize("method", ["multislerp", "karcher", "sce", "arcee_fusion"])
@@ -275,7 +258,7 @@ def test_with_tokenizer_source_equals_mergekit(
     }
     if method != "karcher":
         config["base_model"] = str(family.base)
-    ours, theirs = _ours(config, run_merge), run_mergekit(config, tmp_path / "mergekit")
+    ours, theirs = translated_merge(config, run_merge), run_mergekit(config, tmp_path / "mergekit")
     mine, reference = vocabulary(ours), vocabulary(theirs)
     assert set(mine) == set(reference) and len(mine) > 256
     ours_t, theirs_t = load(ours), load(theirs)

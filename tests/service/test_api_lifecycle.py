@@ -642,7 +642,8 @@ def test_methods_say_how_each_parameter_varies(service: Service) -> None:
     )  # fmt: skip
     weights = methods["linear"]["params"]["weights"]
     assert weights["varies_by_layer"] and weights["per_model"]
-    assert not methods["ties"]["params"]["weights"]["varies_by_layer"]
+    assert methods["ties"]["params"]["weights"]["varies_by_layer"]  # per model, by layer
+    assert not methods["task_arithmetic"]["params"]["weights"]["varies_by_layer"]
     density = methods["dare_ties"]["params"]["density"]
     assert density["per_model"] and density["bounds"] == {
         "min": 0, "max": 1, "min_exclusive": True, "max_exclusive": False, "text": "(0, 1]"

@@ -78,7 +78,7 @@ INVALID_RECIPES: list[tuple[str, Any, str]] = [
     ("soup weights too short", soup(weights=[1.0]), "params.weights"),
     ("soup weights too long", soup(weights=[1.0, 1.0, 1.0]), "params.weights"),
     ("soup weights summing to zero", soup(weights=[1.0, -1.0]), "params.weights"),
-    ("ties weights not positive", ties(weights=[1.0, 0.0]), "params.weights"),
+    ("ties weights too short", ties(weights=[1.0]), "params.weights"),
     (
         "task arithmetic weights length",
         {

@@ -92,7 +92,7 @@ def with_fields(**fields: Any) -> dict[str, Any]:
     ("body", "field", "words"),
     [
         (with_fields(chat_template="zephyr"), "mergekit.chat_template", "neither auto"),
-        (with_fields(merge_method="ram"), "mergekit.merge_method", "no Layerswap"),
+        (with_fields(merge_method="magic"), "mergekit.merge_method", "not a mergekit 0.1.5"),
         (with_fields(dtype="int64"), "mergekit.dtype", "computes in and writes bfloat16"),
         (with_fields(tokenizer={"source": "union", "pad_to_multiple_of": 64}),
          "mergekit.tokenizer.pad_to_multiple_of", "one embedding row per token"),
@@ -137,14 +137,20 @@ def test_an_arithmetic_beside_the_config_replaces_mergekits(service: Service) ->
     refused(service, {"mergekit": config, "arithmetic": "float8"}, "arithmetic")
 
 
-def test_per_model_densities_are_refused_by_their_field(service: Service) -> None:
+def test_per_model_densities_are_taken_and_a_rescale_refused_by_its_field(
+    service: Service,
+) -> None:
     config = {
         "merge_method": "ties",
         "base_model": "base",
         "models": [{"model": "math", "parameters": {"weight": 1, "density": 0.5}},
                    {"model": "swh", "parameters": {"weight": 1, "density": 0.3}}],
     }  # fmt: skip
-    refused(service, {"mergekit": config}, "mergekit.models.1.parameters.density", "differ")
+    response = service.client.post("/v1/merges", json={"mergekit": config})
+    assert response.status_code == 202, response.text
+    assert response.json()["request"]["params"]["density"] == [0.5, 0.3]
+    config["parameters"] = {"rescale": True}
+    refused(service, {"mergekit": config}, "mergekit.parameters.rescale", "does not rescale")
 
 
 def test_checks_that_need_the_checkpoints_name_the_configs_field(
@@ -153,11 +159,11 @@ def test_checks_that_need_the_checkpoints_name_the_configs_field(
     sliced = {
         "merge_method": "slerp",
         "base_model": "math",
-        "slices": [{"sources": [{"model": "math", "layer_range": [0, 4]},
-                                {"model": "swh", "layer_range": [0, 4]}]}],
+        "slices": [{"sources": [{"model": "math", "layer_range": [0, 40]},
+                                {"model": "swh", "layer_range": [0, 40]}]}],
         "parameters": {"t": 0.5},
     }  # fmt: skip
-    refused(service, {"mergekit": sliced}, "mergekit.slices.0.sources.0.layer_range", "every layer")
+    refused(service, {"mergekit": sliced}, "mergekit.slices.0.sources.0.layer_range", "outside")
     outside = tmp_path / "outside"
     outside.mkdir()
     config = yaml.safe_load(CONFIG)
