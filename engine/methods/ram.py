@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan, described, setting_scalars
-from engine.methods.sparsify import numbers
+from engine.methods.sparsify import check_in_range
 from engine.plan.model import Op, Term
-from engine.schema.params import Range, bounds
+from engine.schema.params import Range
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
 from engine.schema.settings import Setting
 from engine.translation.translators import Parameter, Translation, translate_task_vectors
@@ -34,11 +34,7 @@ class RamParams(Strict):
 
     @model_validator(mode="after")
     def _in_range(self) -> Self:
-        for name, field in type(self).model_fields.items():
-            allowed = bounds(field)
-            for value in numbers(getattr(self, name)):
-                if allowed is not None and value not in allowed:
-                    raise ValueError(f"params.{name} must be in {allowed} (got {value})")
+        check_in_range(self, list(type(self).model_fields))
         return self
 
 

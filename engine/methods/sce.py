@@ -20,9 +20,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.methods.base import Inputs, Method, MethodPlan, described, setting_scalars
-from engine.methods.sparsify import numbers
+from engine.methods.sparsify import check_in_range
 from engine.plan.model import Op, Term
-from engine.schema.params import Range, bounds
+from engine.schema.params import Range
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict, check_base_apart
 from engine.schema.settings import Setting
 from engine.translation.settings import flag, number
@@ -41,11 +41,7 @@ class SceParams(Strict):
 
     @model_validator(mode="after")
     def _in_range(self) -> Self:
-        allowed = bounds(type(self).model_fields["select_topk"])
-        assert allowed is not None
-        for value in numbers(self.select_topk):
-            if value not in allowed:
-                raise ValueError(f"params.select_topk must be in {allowed} (got {value})")
+        check_in_range(self, ["select_topk"])
         return self
 
 

@@ -119,6 +119,17 @@ def per_model(value: Any, field: str, models: int) -> list[tuple[Setting, str]]:
     return [(value, field)] * models
 
 
+def check_in_range(params: BaseModel, names: Sequence[str]) -> None:
+    """Raise ValueError naming a setting of `params` (a field declared with its Range) that
+    names a number outside its Range."""
+    for name in names:
+        allowed = bounds(type(params).model_fields[name])
+        assert allowed is not None  # each is declared with its Range
+        for number in numbers(getattr(params, name)):
+            if number not in allowed:
+                raise ValueError(f"params.{name} must be in {allowed} (got {number})")
+
+
 def numbers(setting: Setting) -> Iterator[float]:
     """Every number a setting names: what it resolves to always lies among or between them."""
     if isinstance(setting, float | int):
