@@ -105,6 +105,16 @@ class Page:
 
         return wait_for(asked, what, timeout, interval=0.05)  # type: ignore[arg-type]
 
+    def click(self, css: str) -> None:
+        """Click `css`, found again where a live page re-rendered it between finding and
+        clicking (the jobs list redraws its rows as their progress moves)."""
+
+        def clicked() -> bool:
+            self.find(css).click()
+            return True
+
+        self.eventually(f"{css} to take a click", clicked, 30)
+
     def errors(self) -> list[dict[str, Any]]:
         """Severe browser console messages since the last call (script errors, CSP refusals)."""
         found: list[dict[str, Any]] = self.driver.get_log("browser")

@@ -371,7 +371,7 @@ def test_progress_moves_while_a_merge_runs_and_cancel_works_from_the_page(
         lambda: float(page.find(f"{row} .progress").get_attribute("data-fraction")) > max(seen),
     )
     page.screenshot("jobs-running")
-    page.find(f"{row} button.danger").click()
+    page.click(f"{row} button.danger")
     page.eventually(
         "the row to show canceled", lambda: page.find(f"{row} .status").text == "canceled", 120
     )

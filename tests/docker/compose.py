@@ -129,6 +129,14 @@ def docker(*args: str, timeout: float = 600) -> str:
     return done.stdout
 
 
+def cpu_limit(container: str, cpus: float | None) -> None:
+    """Cap a container's CPU share (`None`: no cap). The tests that stop a worker mid-merge cap
+    it first, so that the merge lasts long enough on any machine for the stop to land mid-way;
+    uncapped, it can end between the check that it runs and the stop."""
+    quota = -1 if cpus is None else int(cpus * 100_000)
+    docker("update", "--cpu-period", "100000", "--cpu-quota", str(quota), container)
+
+
 def image_config(image: str) -> dict[str, Any]:
     return dict(json.loads(docker("image", "inspect", image))[0]["Config"])
 

@@ -28,6 +28,7 @@ from layerswap_client import Client
 from tests.docker.compose import (
     ROOT,
     Compose,
+    cpu_limit,
     docker,
     docker_available,
     free_port,
@@ -44,6 +45,7 @@ pytestmark = [
 SWAP = {"bottom": 1, "top": 1, "non_layer": "average"}
 EVALUATION = {"tasks": ["mgsm_local_direct_sw"], "num_fewshot": 0, "max_gen_toks": 8}
 STEP_TIMEOUT = 300
+SLOW_CPUS = 0.1  # a capped worker's CPU share while a test stops it mid-merge
 LAYERSWAP = str(Path(sys.executable).parent / "layerswap")  # the host's CLI, beside pytest's Python
 
 
@@ -246,6 +248,8 @@ def test_a_worker_killed_mid_merge_is_replaced_and_the_job_succeeds_once(
         "params": SWAP,
         "output": {"name": "killed"},
     }  # fmt: skip
+    worker = deployment.container("worker-cpu")
+    cpu_limit(worker, SLOW_CPUS)
     with client(deployment, key) as api:
         job = api.merges.create(recipe)
 
@@ -256,7 +260,8 @@ def test_a_worker_killed_mid_merge_is_replaced_and_the_job_succeeds_once(
 
     seen = wait_for(merging_or_ended, "the merge to start", timeout=STEP_TIMEOUT, every=0.05)
     assert seen == "merging", f"the merge ended ({seen}) before it could be killed"
-    docker("kill", deployment.container("worker-cpu"))
+    docker("kill", worker)
+    cpu_limit(worker, None)
     stale = [m for m in unacked(deployment) if m["headers"]["id"].startswith(job.id)]
     assert len(stale) == 1, "the killed attempt's message stays unacknowledged in Redis"
     state["stale_task"] = stale[0]["headers"]["id"]
@@ -295,6 +300,7 @@ def test_a_worker_stopped_mid_merge_hands_its_job_back_and_exits(
         "output": {"name": "stopped"},
     }  # fmt: skip
     container = deployment.container("worker-cpu")  # looked up first: the merge takes seconds
+    cpu_limit(container, SLOW_CPUS)
     with client(deployment, key) as api:
         job = api.merges.create(recipe)
 
@@ -308,6 +314,7 @@ def test_a_worker_stopped_mid_merge_hands_its_job_back_and_exits(
 
     seen = wait_for(early_in_the_merge_or_ended, "the merge", timeout=STEP_TIMEOUT, every=0.05)
     assert seen == "merging", f"the merge ended ({seen}) before it could be stopped"
+    cpu_limit(container, None)  # the stop itself runs at full speed, as in production
     docker("stop", "-t", "20", container)
     stopped = container_state(container)
     assert (stopped["Status"], stopped["ExitCode"]) == ("exited", 0), stopped
