@@ -2,25 +2,28 @@
 
 Computed in that order, as mergekit's task_arithmetic computes it (torch_kernels.py): each delta
 from the base weighted, the deltas summed in model order, divided by Σ w_i with `normalize`,
-scaled by λ, added to the base.
+scaled by λ, added to the base. Weights are settings per model (a number, a gradient across the
+layers, or {filter, value}s), as mergekit's are, resolved per tensor into the terms'
+coefficients.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from engine.methods.base import Inputs, Method, MethodPlan
-from engine.plan.model import Op, Term, TiesSettings
-from engine.schema.params import ONE_PER_MODEL
-from engine.schema.parts import (
-    MAX_MODELS,
-    ModelsRecipe,
-    Source,
-    Strict,
-    check_weights,
+from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.sparsify import (
+    PerModelSettings,
+    check_per_model,
+    per_model,
+    resolved_values,
+    resolved_weights,
 )
+from engine.plan.model import Op, Term, TiesSettings
+from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
+from engine.schema.settings import position
 from engine.translation.config import MergekitConfig
 from engine.translation.settings import flag
 from engine.translation.translators import (
@@ -33,9 +36,11 @@ from engine.translation.translators import (
 
 class TaskArithmeticParams(Strict):
     model_config = ConfigDict(populate_by_name=True)
-    weights: (
-        Literal["uniform"] | Annotated[list[float], Field(max_length=MAX_MODELS), ONE_PER_MODEL]
-    ) = Field("uniform", description="uniform = 1.0 each")
+    weights: Literal["uniform"] | PerModelSettings = Field(
+        "uniform",
+        description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
+        "or {filter, value}s",
+    )
     lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
     normalize: bool = Field(
         False, description="divide the summed task vectors by Σ w (unless it is about 0)"
@@ -50,7 +55,7 @@ class TaskArithmeticRecipe(ModelsRecipe):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        check_weights(self.params.weights, len(self.models))
+        check_per_model(self.params, self.params.weights, (), len(self.models))
         return self
 
 
@@ -58,11 +63,12 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
     q = recipe.params
-    resolved = [1.0] * len(models) if q.weights == "uniform" else list(q.weights)
-    made = tuple(Term(i, w) for i, w in zip(models, resolved, strict=True))
+    weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", len(models))
+    num_layers = layer_count(inputs, recipe.method, [s for s, _ in weights])
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        return "task_arithmetic", made, "task_arithmetic"
+        found = resolved_values(weights, name, position(layer, num_layers))
+        return "task_arithmetic", tuple(map(Term, models, found)), "task_arithmetic"
 
     return MethodPlan(
         rule=rule,
@@ -70,7 +76,7 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
         tokenizer_input=base,
         # density 1: nothing is trimmed (the settings are TIES's shape)
         ties=TiesSettings(base, 1.0, q.lambda_, q.normalize),
-        resolved_weights={"models": resolved, "lambda": q.lambda_},
+        resolved_weights={**resolved_weights(weights, None), "lambda": q.lambda_},
     )
 
 
@@ -100,7 +106,7 @@ METHOD = Method(
         # mergekit's generalized task arithmetic takes density and rescale here too, and
         # ignores them: nothing is sparsified
         parameters=(
-            Parameter("weight", per_model=True, into="weights", varies=False),
+            Parameter("weight", per_model=True, into="weights"),
             Parameter("density", 1.0, per_model=True),
             Parameter("lambda", 1.0, into="lambda", varies=False),
             Parameter("normalize", False, convert=flag, into="normalize", varies=False),

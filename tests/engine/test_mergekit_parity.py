@@ -19,7 +19,12 @@ import pytest
 import torch
 
 from tests.conftest import Family
-from tests.engine.mergekit_parity import family_config, run_mergekit, worst_ulps
+from tests.engine.mergekit_parity import (
+    family_config,
+    run_mergekit,
+    translated_merge,
+    worst_ulps,
+)
 from tests.engine.sparsify_reference import gradient, setting_value, tie_ambiguous
 from tests.reference import assert_within_ulps, layer_of, load
 
@@ -287,6 +292,33 @@ def test_ties_weights_and_densities_that_vary_equal_mergekit(
             ambiguous |= tie_ambiguous(delta, kept, 0.0)
         assert not (differ & ~ambiguous).any(), f"{name}: differs beyond tied |δ| at the cuts"
     assert identical >= len(ours) - 4
+
+
+@pytest.mark.parametrize("family_name", ["llama", "llama32"])
+@pytest.mark.parametrize("chunk_elements", [1000, None])
+def test_task_arithmetic_weights_that_vary_equal_mergekit(
+    family_name: str, chunk_elements: int | None, request: pytest.FixtureRequest, run_merge: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Weights per model as a gradient, as filters (negative among them) and as a number, each
+    resolved per tensor: the config as Layerswap translates it (mergekit's arithmetic in the
+    config's dtype) equals mergekit-yaml's output bit for bit, whole tensors or in pieces."""
+    fam: Family = request.getfixturevalue(family_name)
+    dtype = "bfloat16" if family_name == "llama" else "float32"
+    weights = [[0.0, 0.4, 1.0], [{"filter": "mlp", "value": -0.3}, {"value": 0.8}], 0.6]
+    names = ["task", "language", "task2"]
+    config = family_config(
+        "task_arithmetic", fam, [(m, {"weight": w}) for m, w in zip(names, weights, strict=True)],
+        dtype, dtype=dtype, base_model=str(fam.base), parameters={"lambda": 0.9},
+    )  # fmt: skip
+    options = {"chunk_elements": chunk_elements} if chunk_elements else {}
+    ours = translated_merge(config, run_merge, **options)
+    assert worst_ulps(ours, run_mergekit(config, tmp_path / "mergekit")) == 0
+    # the weights did vary: the mlp of layer 0 and of the last layer merge differently
+    base, merged = load(fam.base), load(ours)
+    first, last = (f"model.layers.{i}.mlp.up_proj.weight" for i in (0, fam.num_layers - 1))
+    moved = [(merged[n].float() - base[n].float()).abs().mean() for n in (first, last)]
+    assert moved[0] != moved[1]
 
 
 def test_breadcrumbs_rescale_within_rounding_of_mergekit(

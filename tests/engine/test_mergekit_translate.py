@@ -305,13 +305,25 @@ def test_task_arithmetic() -> None:
     )
 
 
+def test_task_arithmetic_weights_vary_by_layer_and_tensor() -> None:
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": "./base",
+        "models": models(("./a", {"weight": [0.5, 1]}),
+                         ("./b", {"weight": [{"filter": "mlp", "value": -0.5}, {"value": 1}]})),
+    }  # fmt: skip
+    assert recipe(config)["params"]["weights"] == [
+        [0.5, 1.0],
+        [{"filter": "mlp", "value": -0.5}, {"filter": None, "value": 1.0}],
+    ]
+
+
 def test_task_arithmetic_refusals() -> None:
     config = {
         "merge_method": "task_arithmetic",
         "base_model": "./base",
-        "models": models(("./a", {"weight": [0.5, 1]})),
+        "models": models(("./a", {"weight": 0.5})),
     }
-    refused(config, "models.0.parameters.weight", "takes one weight per model")
     refused({**config, "base_model": None}, "base_model", "required")
     refused({**config, "models": models(("./base", None))}, "models", "besides the base")
 

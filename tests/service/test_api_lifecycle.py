@@ -643,7 +643,8 @@ def test_methods_say_how_each_parameter_varies(service: Service) -> None:
     weights = methods["linear"]["params"]["weights"]
     assert weights["varies_by_layer"] and weights["per_model"]
     assert methods["ties"]["params"]["weights"]["varies_by_layer"]  # per model, by layer
-    assert not methods["task_arithmetic"]["params"]["weights"]["varies_by_layer"]
+    assert methods["task_arithmetic"]["params"]["weights"]["varies_by_layer"]
+    assert not methods["ties"]["params"]["normalize"]["varies_by_layer"]  # a switch, one value
     density = methods["dare_ties"]["params"]["density"]
     assert density["per_model"] and density["bounds"] == {
         "min": 0, "max": 1, "min_exclusive": True, "max_exclusive": False, "text": "(0, 1]"
