@@ -201,8 +201,8 @@ def _tensor(
     if op == "linear" and one and dtype == info.dtype and keeps(recipe.arithmetic, dtype):
         op = "copy"
     thinning = None
-    if op == "sparsify" or (op == "ties" and method.thinning is not None):
-        assert method.thinning is not None  # ties: only where its densities vary
+    if op == "sparsify" or (op in ("ties", "task_arithmetic") and method.thinning is not None):
+        assert method.thinning is not None  # ties, task arithmetic: where their amounts vary
         thinning = method.thinning(name, layer)
     scalars = method.scalars(name, layer) if method.scalars is not None else ()
     return TensorPlan(

@@ -118,7 +118,7 @@ class NarrowTaskVectors:
                 delta.mul_(top[start : start + count].to(delta.device, delta.dtype))
         return combine(
             base, deltas, coefficients(self.tensor, base), consensus=self.tensor.op == "ties",
-            normalize=self.settings.normalize, lambda_=self.settings.lambda_,
+            normalize=self.settings.normalize, lambda_=self.settings.scale(self.tensor),
         )  # fmt: skip
 
     def compiled_chunk(self, start: int, count: int) -> torch.Tensor:
@@ -135,7 +135,8 @@ class NarrowTaskVectors:
         weights, out = coefficients(self.tensor, base), np.empty(count, np.uint16)
         column = weights.float().numpy().reshape(-1)
         shared = (base.dtype == torch.float16, self.settings.normalize)
-        scaled = (self.settings.lambda_ != 1, self.settings.lambda_, out)
+        lambda_ = self.settings.scale(self.tensor)
+        scaled = (lambda_ != 1, lambda_, out)
         if self.tensor.op == "ties":  # one thread while a tie quota lasts: flat order
             quotas = np.array(self.ties_left, np.int64)
             split = count + 1 if quotas.any() else MIN_SPLIT

@@ -147,7 +147,7 @@ class TiesKernels:
         trim = min(densities) < 1.0
         thresholds, cutoffs = self._trim_points(densities, numel, step, inputs)
         coefficients = np.array([t.coefficient for t in tensor.terms], np.float32)
-        lambda_ = np.float32(self.settings.lambda_)
+        lambda_ = np.float32(self.settings.scale(tensor))
         # A tensor read whole is combined whole: a slice of its rows would not be contiguous,
         # and numba's code for such arrays does not vectorise (measured 3x slower).
         for start in range(0, numel, step):

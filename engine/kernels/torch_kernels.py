@@ -258,8 +258,8 @@ class Kernels:
             divisor = float(weights.sum())  # summed in the arithmetic's dtype, as mergekit
             if abs(divisor) >= 1e-8:
                 mixed.div_(divisor)
-        if settings.lambda_ != 1.0:
-            mixed.mul_(settings.lambda_)
+        if (lambda_ := settings.scale(tensor)) != 1.0:
+            mixed.mul_(lambda_)
         return base.add_(mixed)
 
     def _narrow_task_vectors(self, tensor: TensorPlan) -> Compute:
@@ -340,8 +340,8 @@ class Kernels:
             divisor = up.mul_(elected_up).add_(down.mul_(elected_down))
             divisor.add_(torch.sign(divisor).abs_().sub_(1.0).neg_())  # 0 -> 1
             mixed.div_(divisor)
-        if settings.lambda_ != 1.0:
-            mixed.mul_(settings.lambda_)
+        if (lambda_ := settings.scale(tensor)) != 1.0:
+            mixed.mul_(lambda_)
         return base.add_(mixed.add_(0.0))
 
     def _signed_sums(

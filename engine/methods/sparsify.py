@@ -164,7 +164,7 @@ def plan_sparsify(
         found = {a: resolved_values(pairs, name, at) for a, pairs in amounts.items()}
         made = Thinning(
             densities=found["density"],
-            lambda_=_value(q.lambda_, "params.lambda", name, at),
+            lambda_=resolved_value(q.lambda_, "params.lambda", name, at),
             gammas=found.get("gamma", ()),
             epsilons=found.get("epsilon", ()),
         )
@@ -182,7 +182,7 @@ def plan_sparsify(
     )
 
 
-def _value(setting: Setting, field: str, name: str, at: float) -> float:
+def resolved_value(setting: Setting, field: str, name: str, at: float) -> float:
     """`setting`'s value for tensor `name` at depth `at`; a RecipeError naming `field` when no
     filter matches it."""
     found = resolve(setting, name=name, at=at)
@@ -194,7 +194,7 @@ def _value(setting: Setting, field: str, name: str, at: float) -> float:
 def resolved_values(
     pairs: Sequence[tuple[Setting, str]], name: str, at: float
 ) -> tuple[float, ...]:
-    return tuple(_value(setting, field, name, at) for setting, field in pairs)
+    return tuple(resolved_value(setting, field, name, at) for setting, field in pairs)
 
 
 def resolved_weights(weights: Sequence[tuple[Setting, str]], seed: int | None) -> dict[str, Any]:

@@ -18,12 +18,13 @@ from engine.methods.sparsify import (
     PerModelSettings,
     check_per_model,
     per_model,
+    resolved_value,
     resolved_values,
     resolved_weights,
 )
-from engine.plan.model import Op, Term, TiesSettings
+from engine.plan.model import Op, Term, Thinning, TiesSettings
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
-from engine.schema.settings import position
+from engine.schema.settings import Setting, position
 from engine.translation.config import MergekitConfig
 from engine.translation.settings import flag
 from engine.translation.translators import (
@@ -41,7 +42,12 @@ class TaskArithmeticParams(Strict):
         description="uniform = 1.0 each; or one per model: a number, a gradient across layers, "
         "or {filter, value}s",
     )
-    lambda_: float = Field(1.0, alias="lambda", description="scale of the summed task vectors")
+    lambda_: Setting = Field(
+        1.0,
+        alias="lambda",
+        description="scale of the summed task vectors: a number, a gradient across layers, or "
+        "{filter, value}s",
+    )
     normalize: bool = Field(
         False, description="divide the summed task vectors by Σ w (unless it is about 0)"
     )
@@ -64,19 +70,30 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
     base = inputs.indices("base")[0]
     q = recipe.params
     weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", len(models))
-    num_layers = layer_count(inputs, recipe.method, [s for s, _ in weights])
+    num_layers = layer_count(inputs, recipe.method, [*(s for s, _ in weights), q.lambda_])
+    shared = q.lambda_ if isinstance(q.lambda_, float | int) else None
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         found = resolved_values(weights, name, position(layer, num_layers))
         return "task_arithmetic", tuple(map(Term, models, found)), "task_arithmetic"
+
+    def thinning(name: str, layer: int | None) -> Thinning:
+        """λ where it varies (nothing is trimmed: density 1 for every model)."""
+        at = position(layer, num_layers)
+        lambda_ = resolved_value(q.lambda_, "params.lambda", name, at)
+        return Thinning((1.0,) * len(models), lambda_=lambda_)
 
     return MethodPlan(
         rule=rule,
         config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
         tokenizer_input=base,
         # density 1: nothing is trimmed (the settings are TIES's shape)
-        ties=TiesSettings(base, 1.0, q.lambda_, q.normalize),
-        resolved_weights={**resolved_weights(weights, None), "lambda": q.lambda_},
+        ties=TiesSettings(base, 1.0, 1.0 if shared is None else float(shared), q.normalize),
+        thinning=thinning if shared is None else None,
+        resolved_weights={
+            **resolved_weights(weights, None),
+            "lambda": "varies" if shared is None else shared,
+        },
     )
 
 
@@ -108,7 +125,7 @@ METHOD = Method(
         parameters=(
             Parameter("weight", per_model=True, into="weights"),
             Parameter("density", 1.0, per_model=True),
-            Parameter("lambda", 1.0, into="lambda", varies=False),
+            Parameter("lambda", 1.0, into="lambda"),
             Parameter("normalize", False, convert=flag, into="normalize", varies=False),
             Parameter("rescale", False, convert=flag),
             Parameter("int8_mask", False, convert=flag),

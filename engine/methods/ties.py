@@ -27,13 +27,14 @@ from engine.methods.sparsify import (
     PerModelSettings,
     check_per_model,
     per_model,
+    resolved_value,
     resolved_values,
     resolved_weights,
 )
 from engine.plan.model import Op, Term, Thinning, TiesSettings
 from engine.schema.params import Range
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
-from engine.schema.settings import position
+from engine.schema.settings import Setting, position
 from engine.translation.config import MergekitConfig
 from engine.translation.settings import flag
 from engine.translation.translators import (
@@ -57,7 +58,12 @@ class TiesParams(Strict):
     density: Annotated[PerModel, Range(0, 1, low_open=True)] = Field(
         0.5, description=f"fraction of each delta kept, in (0, 1]: {PER_MODEL_HELP}"
     )
-    lambda_: float = Field(1.0, alias="lambda", description="scale of the merged delta")
+    lambda_: Setting = Field(
+        1.0,
+        alias="lambda",
+        description="scale of the merged delta: a number, a gradient across layers, or "
+        "{filter, value}s",
+    )
     normalize: bool = True
 
 
@@ -75,8 +81,8 @@ class TiesRecipe(ModelsRecipe):
 
 
 def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
-    """Weights and densities resolved per tensor where they vary; a density shared by every
-    model and tensor stays in TiesSettings alone (no per-tensor thinning)."""
+    """Weights, densities and λ resolved per tensor where they vary; a density and λ shared by
+    every model and tensor stay in TiesSettings alone (no per-tensor thinning)."""
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
     q = recipe.params
@@ -84,23 +90,26 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
     weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", count)
     densities = per_model(q.density, "params.density", count)
     settings = [s for s, _ in weights + densities]
-    num_layers = layer_count(inputs, recipe.method, settings)
+    num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         found = resolved_values(weights, name, position(layer, num_layers))
         return "ties", tuple(map(Term, models, found)), "ties"
 
     def thinning(name: str, layer: int | None) -> Thinning:
-        found = resolved_values(densities, name, position(layer, num_layers))
-        return Thinning(densities=found, lambda_=q.lambda_)
+        at = position(layer, num_layers)
+        found = resolved_values(densities, name, at)
+        return Thinning(found, lambda_=resolved_value(q.lambda_, "params.lambda", name, at))
 
     shared = q.density if isinstance(q.density, float | int) else 1.0
+    lambda_ = q.lambda_ if isinstance(q.lambda_, float | int) else 1.0
+    fixed = isinstance(q.density, float | int) and isinstance(q.lambda_, float | int)
     return MethodPlan(
         rule=rule,
         config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
         tokenizer_input=base,
-        ties=TiesSettings(base, float(shared), q.lambda_, q.normalize),
-        thinning=None if isinstance(q.density, float | int) else thinning,
+        ties=TiesSettings(base, float(shared), float(lambda_), q.normalize),
+        thinning=None if fixed else thinning,
         resolved_weights=resolved_weights(weights, None),
     )
 
@@ -136,7 +145,7 @@ METHOD = Method(
         parameters=(
             Parameter("weight", per_model=True, into="weights"),
             Parameter("density", 1.0, per_model=True, convert=fraction, into="density"),
-            Parameter("lambda", 1.0, into="lambda", varies=False),
+            Parameter("lambda", 1.0, into="lambda"),
             Parameter("normalize", True, convert=flag, into="normalize", varies=False),
             Parameter("rescale", False, convert=flag, varies=False),
             Parameter("int8_mask", False, convert=flag),

@@ -87,7 +87,7 @@ class TensorPlan:
     origin: str  # provenance label: language, task, transition, average, soup, ...
     # The inputs' name for it, when the output renames it (passthrough renumbers layers).
     input_name: str = ""
-    thinning: Thinning | None = None  # for op sparsify, and ties whose densities vary
+    thinning: Thinning | None = None  # op sparsify; ties/task_arithmetic whose amounts vary
     # The op's own numbers besides its terms' coefficients, by name (multislerp's eps,
     # karcher's tol, nearswap's t, sce's select_topk, ...), resolved for this tensor.
     scalars: tuple[tuple[str, float], ...] = ()
@@ -113,7 +113,7 @@ class InputRef:
 class TiesSettings:
     base: int
     density: float  # every model's on every tensor; 1.0 where each tensor's thinning says
-    lambda_: float
+    lambda_: float  # 1.0 where each tensor's thinning says
     normalize: bool
 
     def kept(self, numel: int, density: float | None = None) -> int:
@@ -122,6 +122,10 @@ class TiesSettings:
         paper's); every one at density 1."""
         density = self.density if density is None else density
         return numel if density >= 1.0 else max(1, int(density * numel))
+
+    def scale(self, tensor: TensorPlan) -> float:
+        """λ on `tensor`: its thinning's where λ varies by layer or tensor, else the shared one."""
+        return self.lambda_ if tensor.thinning is None else tensor.thinning.lambda_
 
     def densities(self, tensor: TensorPlan) -> tuple[float, ...]:
         """Each term's density on `tensor`: its thinning's where it varies by model, layer or

@@ -54,21 +54,22 @@ def configs(fam: Family) -> dict[str, dict[str, Any]]:
         "task_arithmetic": {"merge_method": "task_arithmetic", **task_vectors, "models": [
             {"model": m("task"), "parameters": {"weight": 0.7}},
             {"model": m("language"), "parameters": {"weight": -0.3}},
-            {"model": m("task2"), "parameters": {"weight": 0.45}}],
-            "parameters": {"lambda": 1.3, "normalize": True}},
+            {"model": m("task2"), "parameters": {"weight": [0.45, 0.1]}}],
+            "parameters": {"lambda": [1.3, 0.8], "normalize": True}},
         "ties": {"merge_method": "ties", **task_vectors, "models": [
             {"model": m("task"), "parameters": {"density": 0.5, "weight": 0.7}},
             {"model": m("language"), "parameters": {"density": 0.5, "weight": 0.3}},
             {"model": m("task2"), "parameters": {"density": 0.5, "weight": 0.5}}],
             "parameters": {"normalize": True, "lambda": 1.2}},
-        # mergekit's examples/ties.yml, one weight negative: weights and densities by layer
-        # and tensor, per model
+        # mergekit's examples/ties.yml, one weight negative, and λ by tensor and layer:
+        # weights and densities by layer and tensor, per model
         "ties_gradients": {"merge_method": "ties", **task_vectors, "models": [
             {"model": m("task"), "parameters": {"density": [1, 0.7, 0.1], "weight": 1.0}},
             {"model": m("language"), "parameters": {"density": 0.5, "weight": [0, 0.3, 0.7, 1]}},
             {"model": m("task2"), "parameters": {"density": 0.33, "weight": [
                 {"filter": "mlp", "value": 0.5}, {"value": -0.2}]}}],
-            "parameters": {"normalize": True, "int8_mask": True}},
+            "parameters": {"normalize": True, "int8_mask": True,
+                           "lambda": [{"filter": "self_attn", "value": [0.7, 1.2]}, {"value": 1}]}},
         "breadcrumbs": {"merge_method": "breadcrumbs", **task_vectors, "models": [
             {"model": m("task"), "parameters": {"weight": 0.7, "gamma": 0.05}},
             {"model": m("language"), "parameters": {"weight": 0.6}}],

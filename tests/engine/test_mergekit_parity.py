@@ -266,19 +266,22 @@ TIES_VARYING = [
 ]
 
 
+LAMBDA_VARYING = [{"filter": "mlp", "value": [0.6, 1.3]}, {"value": 0.9}]
+
+
 def test_ties_weights_and_densities_that_vary_equal_mergekit(
     llama32: Family, run_merge: Any, tmp_path: Path
 ) -> None:
-    """Weights (0 and negative among them) and densities per model, by layer and tensor:
-    equal bits, but where |δ| ties at a cut (float32 deltas rarely do)."""
+    """Weights (0 and negative among them) and densities per model, and λ, by layer and
+    tensor: equal bits, but where |δ| ties at a cut (float32 deltas rarely do)."""
     names = ["task", "language", "task2"]
     params = {"weights": [p["weight"] for p in TIES_VARYING],
-              "density": [p["density"] for p in TIES_VARYING], "lambda": 0.9}  # fmt: skip
+              "density": [p["density"] for p in TIES_VARYING], "lambda": LAMBDA_VARYING}  # fmt: skip
     recipe = {"method": "ties", "base": llama32.base,
               "models": [getattr(llama32, m) for m in names], "params": params}  # fmt: skip
     ours = load(run_merge(recipe).out_dir)
     models = list(zip(names, TIES_VARYING, strict=True))
-    config = _sparse_config("ties", llama32, models, {"lambda": 0.9}, "float32")
+    config = _sparse_config("ties", llama32, models, {"lambda": LAMBDA_VARYING}, "float32")
     theirs = load(run_mergekit(config, tmp_path / "mergekit"))
     assert set(ours) == set(theirs)
     base, identical = load(llama32.base), 0
@@ -295,21 +298,24 @@ def test_ties_weights_and_densities_that_vary_equal_mergekit(
 
 
 @pytest.mark.parametrize("family_name", ["llama", "llama32"])
-@pytest.mark.parametrize("chunk_elements", [1000, None])
+@pytest.mark.parametrize(
+    ("chunk_elements", "lambda_"), [(1000, 0.9), (None, 0.9), (1000, LAMBDA_VARYING)]
+)
 def test_task_arithmetic_weights_that_vary_equal_mergekit(
-    family_name: str, chunk_elements: int | None, request: pytest.FixtureRequest, run_merge: Any,
-    tmp_path: Path,
+    family_name: str, chunk_elements: int | None, lambda_: Any, request: pytest.FixtureRequest,
+    run_merge: Any, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """Weights per model as a gradient, as filters (negative among them) and as a number, each
-    resolved per tensor: the config as Layerswap translates it (mergekit's arithmetic in the
-    config's dtype) equals mergekit-yaml's output bit for bit, whole tensors or in pieces."""
+    """Weights per model as a gradient, as filters (negative among them) and as a number, and λ,
+    each resolved per tensor: the config as Layerswap translates it (mergekit's arithmetic in
+    the config's dtype) equals mergekit-yaml's output bit for bit, whole tensors or in
+    pieces."""
     fam: Family = request.getfixturevalue(family_name)
     dtype = "bfloat16" if family_name == "llama" else "float32"
     weights = [[0.0, 0.4, 1.0], [{"filter": "mlp", "value": -0.3}, {"value": 0.8}], 0.6]
     names = ["task", "language", "task2"]
     config = family_config(
         "task_arithmetic", fam, [(m, {"weight": w}) for m, w in zip(names, weights, strict=True)],
-        dtype, dtype=dtype, base_model=str(fam.base), parameters={"lambda": 0.9},
+        dtype, dtype=dtype, base_model=str(fam.base), parameters={"lambda": lambda_},
     )  # fmt: skip
     options = {"chunk_elements": chunk_elements} if chunk_elements else {}
     ours = translated_merge(config, run_merge, **options)
