@@ -69,8 +69,8 @@ def make_plan(
             ]
         vocabulary = _vocabulary(recipe, refs, checkpoints)
         check_compatible(refs, checkpoints, vocabulary.tensors if vocabulary else frozenset())
-        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only,
-                        slices=len(slices or [None]))  # fmt: skip
+        counts = tuple(piece.layer_count for piece in slices or [])
+        inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only, counts)
         method = METHODS[recipe.method].plan(recipe, inputs)
         if slices:
             _sliced(method, slices, refs, layers)
@@ -122,7 +122,10 @@ def _vocabulary(
     if METHODS[recipe.method].first_model_is_base:
         bases = [0]
     base = bases[0] if bases else None
-    return plan_vocabulary(recipe.tokenizer_source, refs, checkpoints, base=base)
+    return plan_vocabulary(
+        recipe.tokenizer_source, refs, checkpoints, base=base, tokens=recipe.tokens,
+        pad_to_multiple_of=recipe.pad_to_multiple_of,
+    )  # fmt: skip
 
 
 def _assemble(

@@ -131,6 +131,8 @@ def named_sources(recipe: Recipe) -> list[NamedSource]:
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     data = recipe.model_dump(mode="json", by_alias=True)
-    if data.get("slices", "") is None:  # written as before slices were a field: digests kept
-        del data["slices"]
+    # written as before these were fields: digests kept
+    for key in ("slices", "tokens", "pad_to_multiple_of"):
+        if data.get(key, "") is None:
+            del data[key]
     return data

@@ -1,4 +1,5 @@
-"""mergekit's `tokenizer_source` (or `tokenizer: {source}`) as the recipe's `tokenizer_source`.
+"""mergekit's `tokenizer_source` (or `tokenizer: {source}`) as the recipe's `tokenizer_source`;
+the block's `tokens` and `pad_to_multiple_of` as the recipe's (token_rows.py).
 
 mergekit 0.1.5 builds the output's vocabulary on the config's `base_model` (without one, on
 whichever model its set of models yields first) and fills a token a model lacks from the base
@@ -13,6 +14,7 @@ from typing import Any
 
 from engine.errors import RecipeError
 from engine.mergekit.config import IsLocal, mapping, model_source
+from engine.mergekit.token_rows import translate_tokens
 from engine.methods import METHODS as ENGINE_METHODS
 from engine.schema.parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
 from engine.translation.config import MergekitConfig
@@ -21,6 +23,11 @@ from engine.translation.config import MergekitConfig
 PASSTHROUGH_ROWS = (
     "{where}: for a token the model a tensor is copied from lacks, mergekit's passthrough "
     "writes a zero row; Layerswap writes the row another input has (or their mean)"
+)
+# mergekit adds the tokens to the base's own tokenizer, then finds the base's new ids past its rows.
+BASE_TOKENS = (
+    "tokenizer.tokens with source base: mergekit 0.1.5 fails (a KeyError) on a token absent from "
+    "the base's tokenizer; Layerswap adds it, as with union"
 )
 
 
@@ -45,6 +52,10 @@ def tokenizer_source(
         if source not in _inputs(recipe):
             raise RecipeError.for_field(where, f"{source} is not one of the merged models")
         recipe["tokenizer_source"] = TOKENIZER_MODEL_PREFIX + source
+    if isinstance(data.get("tokenizer"), dict):
+        recipe.update(translate_tokens(data["tokenizer"], _inputs(recipe), is_local))
+        if wanted == TOKENIZER_BASE and recipe.get("tokens"):
+            config.warnings.append(BASE_TOKENS)
     if recipe["method"] == "passthrough":
         config.warnings.append(PASSTHROUGH_ROWS.format(where=where))
     return where
@@ -59,16 +70,6 @@ def _setting(data: dict[str, Any]) -> tuple[str | None, Any]:
     block = mapping(data["tokenizer"], "tokenizer")
     if unknown := set(block) - {"source", "tokens", "pad_to_multiple_of"}:
         raise RecipeError.for_field(f"tokenizer.{sorted(unknown)[0]}", "unknown field")
-    if block.get("tokens"):
-        raise RecipeError.for_field(
-            "tokenizer.tokens", "not supported: Layerswap fills a token's rows by mergekit's "
-            "default rules only, with no per-token sources"
-        )  # fmt: skip
-    if block.get("pad_to_multiple_of"):
-        raise RecipeError.for_field(
-            "tokenizer.pad_to_multiple_of",
-            "not supported: the output has exactly one embedding row per token",
-        )
     return "tokenizer.source", block.get("source", TOKENIZER_UNION)  # mergekit's default
 
 

@@ -14,6 +14,7 @@ from engine.schema.params import Param, describe
 from engine.schema.parts import RecipeBase, Strict
 from engine.schema.settings import (
     Condition,
+    Depth,
     Setting,
     Switch,
     SwitchCondition,
@@ -39,7 +40,8 @@ class Inputs:
     chunk_elements: int
     should_cancel: CancelCheck | None = None  # asked while magnitudes are computed
     headers_only: bool = False  # magnitudes are not computed (all equal): a validation plan
-    slices: int = 1  # the recipe's slices: a gradient spreads over one (plan/slices.py)
+    slices: tuple[int, ...] = ()  # the recipe's slices' layer counts (plan/slices.py); ()
+    # where the recipe has none
 
     def indices(self, role: str) -> list[int]:
         return [i for i, ref in enumerate(self.refs) if ref.role == role]
@@ -121,19 +123,15 @@ def terms(indices: Sequence[int], coefficients: Sequence[float], scale: float = 
     return [Term(i, scale * c) for i, c in zip(indices, coefficients, strict=True)]
 
 
-def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting | Switch]) -> int:
-    """The layers a gradient spreads over; a checkpoint without a known stack is refused only
-    when some setting is a gradient (a scalar or filters need no layers)."""
+def layer_count(inputs: Inputs, method: str, settings: Sequence[Setting | Switch]) -> Depth:
+    """The layers a gradient spreads over: each slice's, or the whole stack's; a checkpoint
+    without a known stack is refused only when some setting is a gradient (a scalar or
+    filters need no layers)."""
     if not any(_has_gradient(s) for s in settings):
-        return 1
-    if inputs.slices > 1:  # mergekit spreads it over each slice anew
-        raise RecipeError.for_field(
-            "slices",
-            f"{inputs.slices} slices with a gradient: mergekit spreads a gradient over each "
-            "slice's layers anew, Layerswap over the whole stack; give one slice, or values "
-            "that do not vary by layer",
-        )
-    return inputs.checkpoints[0].require_layers(method).count
+        return Depth((1,))
+    if inputs.slices:  # mergekit spreads a gradient over each slice anew
+        return Depth(inputs.slices)
+    return Depth((inputs.checkpoints[0].require_layers(method).count,))
 
 
 def setting_scalars(inputs: Inputs, method: str, settings: dict[str, Setting]) -> ScalarsRule:

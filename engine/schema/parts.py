@@ -41,6 +41,8 @@ TOKENIZER_BASE, TOKENIZER_UNION, TOKENIZER_MODEL_PREFIX = "base", "union", "mode
 # Each source is opened (and, at submit, its headers read): bounded like every other input.
 MAX_EXPERTS_PER_ROLE = 32
 MAX_MODELS = 64
+MAX_CONFIGURED_TOKENS = 4096  # `tokens` entries
+MAX_PAD_MULTIPLE = 65536  # pad_to_multiple_of (mergekit configs use 8 to 256)
 MAX_SLICES = 256  # each is a run of layers; MAX_LAYERS bounds their total at plan time
 # The dtype a merge computes in (mergekit's `dtype`): the inputs are rounded to it and each step
 # rounded in it as mergekit rounds it. float32: float32 (float64 where an input is F64), rounded
@@ -155,6 +157,39 @@ class NamedSource:
     source: str  # as written: a path or hf://org/name[@revision]
 
 
+class ZeroRow(Strict):
+    """A `tokens` entry's row of zeros."""
+
+    kind: Literal["zero"]
+
+
+class TokenRow(Strict):
+    """A `tokens` entry's row: one source's row of a token (or id) in its own vocabulary."""
+
+    kind: Literal["model_token"]
+    model: Source = Field(description="one of the recipe's sources, written as there")
+    token: str | None = Field(None, min_length=1, max_length=1024)
+    token_id: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> Self:
+        if (self.token is None) == (self.token_id is None):
+            raise ValueError("give token or token_id (one of them)")
+        return self
+
+
+class TokenFill(Strict):
+    """Where an input that lacks a token (every input, with force) reads the token's rows."""
+
+    source: Source | ZeroRow | TokenRow = Field(
+        description="one of the recipe's sources (its row of this token), {kind: zero}, or "
+        "{kind: model_token, model: <source>, token: <token> | token_id: <id>}"
+    )
+    force: bool = Field(
+        False, description="every input reads the row from `source`, even one that has the token"
+    )
+
+
 class RecipeBase(Strict):
     """Fields every recipe has; `method` names the subclass (engine.methods.METHODS)."""
 
@@ -178,9 +213,30 @@ class RecipeBase(Strict):
         "inputs' vocabularies must match",
     )
 
+    tokens: dict[Annotated[str, Field(min_length=1, max_length=1024)], TokenFill] | None = Field(
+        None,
+        max_length=MAX_CONFIGURED_TOKENS,
+        description="with tokenizer_source: tokens the output's vocabulary gets (added where "
+        "absent) and where their embedding and head rows come from (as mergekit's "
+        "tokenizer.tokens)",
+    )
+    pad_to_multiple_of: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PAD_MULTIPLE,
+        description="with tokenizer_source: embedding and head rows padded to a multiple of "
+        "this, each input's padding rows the mean of its aligned rows (as mergekit's "
+        "tokenizer.pad_to_multiple_of)",
+    )
+
     @model_validator(mode="after")
     def _tokenizer_source_is_known(self) -> Self:
         source = self.tokenizer_source
+        if source is None and (self.tokens or self.pad_to_multiple_of is not None):
+            raise ValueError(
+                "tokenizer_source is required by tokens and pad_to_multiple_of (they shape the "
+                "output's vocabulary: base, union or one of the recipe's sources)"
+            )
         if source is None or source in (TOKENIZER_BASE, TOKENIZER_UNION):
             return self
         written = [n.source for n in self.sources()]
@@ -224,6 +280,12 @@ class LayerSlice(Strict):
     """Output layers merged, index by index, from a run of layers of each source."""
 
     sources: list[LayerSource] = Field(min_length=1, max_length=MAX_MODELS + 1)
+
+    @property
+    def layer_count(self) -> int:
+        """The output layers it makes (its sources span as many each: checked by the recipe)."""
+        start, end = self.sources[0].layer_range
+        return end - start
 
 
 class ModelsRecipe(RecipeBase):

@@ -2,7 +2,8 @@
 (`[0, 0.5, 1]`), or a list of `{filter, value}` conditions matched against the tensor name.
 
 Resolved exactly as mergekit 0.1.5 does (so that equal recipes give equal bytes): a layer's
-position is i / (L - 1) (non-layer tensors sit at 0), a gradient interpolates linearly between
+position is i / (L - 1), i its index in its slice of L layers (a whole model is one slice;
+non-layer tensors sit at 0), a gradient interpolates linearly between
 its neighbouring anchors in float64, and the first condition whose filter is a substring of the
 tensor name (or is absent or `*`) wins. A switch (a boolean parameter) is written the same
 ways; a list of booleans picks, rather than interpolates, anchor int(i / (L - 1) · (n − 1)).
@@ -11,6 +12,7 @@ Torch-free: recipes are validated by the API process.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,11 +46,26 @@ Switch = (
 )
 
 
-def position(layer: int | None, num_layers: int) -> float:
-    """Where a tensor sits in the stack, 0..1, as mergekit places it."""
+@dataclass(frozen=True)
+class Depth:
+    """The output's layers as the slices that stack them: a gradient spreads over each slice
+    anew, as mergekit spreads it."""
+
+    slices: tuple[int, ...]  # each slice's layer count, in order
+
+
+def position(layer: int | None, depth: int | Depth) -> float:
+    """Where a tensor sits in its slice of the stack, 0..1, as mergekit places it (`depth`:
+    the layer count of a stack that is one slice)."""
     if layer is None:
         return 0.0
-    return layer / (num_layers - 1) if num_layers > 1 else 1.0
+    *earlier, count = depth.slices if isinstance(depth, Depth) else (depth,)
+    for first in earlier:
+        if layer < first:
+            count = first
+            break
+        layer -= first
+    return layer / (count - 1) if count > 1 else 1.0
 
 
 def interpolate(anchors: list[float], at: float) -> float:

@@ -12,7 +12,10 @@ contributes its own row for a token it has; for a token it lacks, as mergekit 0.
 the row of the one input that has it; else the base's row when the base has it; else the mean
 of the rows of the inputs that have it (summed from zero in recipe order and divided, each step
 rounded to the tensor's dtype: mergekit's arithmetic in the checkpoints' dtype). The method's
-arithmetic then runs on these aligned rows. The output has exactly one row per token.
+arithmetic then runs on these aligned rows. A recipe's `tokens` entries add tokens and give
+their rows by their own rules instead (configured.py). The output has one row per token, then,
+with `pad_to_multiple_of`, padding rows up to its next multiple: each input's are the mean of
+its aligned token rows (torch.mean, as mergekit: rows.py, cascade.py), merged as any row.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,8 @@ from engine.errors import RecipeError
 from engine.io.checkpoint import Checkpoint
 from engine.io.file_access import Opener, open_file
 from engine.plan.model import EVERY, MEAN, InputRef, Op, TensorPlan
-from engine.schema.parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION
+from engine.schema.parts import TOKENIZER_BASE, TOKENIZER_MODEL_PREFIX, TOKENIZER_UNION, TokenFill
+from engine.vocabulary.configured import add_tokens, configure_fill
 from engine.vocabulary.tokenizer_json import (
     TokenizerVocabulary,
     new_entry,
@@ -58,10 +62,15 @@ class VocabularyPlan:
     rows: list[array[int]]  # per input, per output token: the input's row, or -1
     fill: array[int]  # per output token: where inputs lacking it read it (MEAN, EVERY, input)
     donors: list[frozenset[int]]  # per input: the inputs its missing rows are read from
+    forced: array[int]  # per output token: 1 where every input reads the fill (`tokens` force)
+    fill_row: array[int]  # per output token: the row the fill input is read at (-1: the token's)
+    padding: int = 0  # rows past the tokens (pad_to_multiple_of): each input's, its rows' mean
+    means: dict[tuple[int, str], bytes] = field(default_factory=dict, repr=False)
 
     @property
     def size(self) -> int:
-        return len(self.tokens)
+        """The embedding's rows: one per token, then the padding."""
+        return len(self.tokens) + self.padding
 
     @property
     def tokenizer_changed(self) -> bool:
@@ -71,6 +80,8 @@ class VocabularyPlan:
     def unchanged(self, source: int) -> bool:
         """Whether input `source`'s rows are the output's as they are (same count and order)."""
         rows = self.rows[source]
+        if self.padding or any(self.forced):
+            return False
         return self.input_rows[source] == self.size and all(r == i for i, r in enumerate(rows))
 
     def reads(self, sources: set[int]) -> set[int]:
@@ -105,6 +116,7 @@ class VocabularyPlan:
             "tensors": sorted(self.tensors),
             "missing": self.missing,
             "rows_sha256": self._digest,
+            **({"padding_rows": self.padding} if self.padding else {}),
         }
 
     @cached_property
@@ -118,6 +130,9 @@ class VocabularyPlan:
         for rows in self.rows:
             digest.update(rows.tobytes())
         digest.update(self.fill.tobytes())
+        if any(self.forced) or any(r >= 0 for r in self.fill_row):  # set by `tokens` only
+            digest.update(self.forced.tobytes())
+            digest.update(self.fill_row.tobytes())
         return digest.hexdigest()
 
     def describe(self, labels: Sequence[str]) -> str:
@@ -127,7 +142,8 @@ class VocabularyPlan:
             f"vocabulary: {self.size} tokens (tokenizer_source {self.source}: "
             f"{labels[self.tokenizer_input]}'s tokenizer"
             f"{f' + {len(self.appended)} added' if self.appended else ''}"
-            f"{f' - {self.dropped} past its rows' if self.dropped else ''}); rows aligned in "
+            f"{f' - {self.dropped} past its rows' if self.dropped else ''}"
+            f"{f', + {self.padding} padding rows' if self.padding else ''}); rows aligned in "
             f"{', '.join(sorted(self.tensors))}"
             f"{'; tokens filled in: ' + ', '.join(lacking) if lacking else ''}"
         )
@@ -193,9 +209,12 @@ def plan_vocabulary(
     checkpoints: Sequence[Checkpoint],
     *,
     base: int | None,
+    tokens: Mapping[str, TokenFill] | None = None,
+    pad_to_multiple_of: int | None = None,
 ) -> VocabularyPlan:
     """Align the inputs' vocabularies as `source` asks; `base` is the input whose row fills a
-    token others lack when it has it (None: the recipe has none)."""
+    token others lack when it has it (None: the recipe has none); `tokens` and
+    `pad_to_multiple_of` as the recipe's (configured.py, and the padding rows)."""
     start = _source_input(source, refs, base)
     found = [vocabulary_tensors(c) for c in checkpoints]
     input_rows = [rows for rows, _ in found]
@@ -204,31 +223,50 @@ def plan_vocabulary(
         for ref, checkpoint in zip(refs, checkpoints, strict=True)
     ]
     vocabularies = [v.below(rows) for v, rows in zip(read, input_rows, strict=True)]
-    tokens = vocabularies[start].in_id_order(FIELD, refs[start].label)
+    output = vocabularies[start].in_id_order(FIELD, refs[start].label)
     appended: list[dict[str, Any]] = []
     if source == UNION:
         order = [start, *(i for i in range(len(refs)) if i != start)]
-        appended = _union(tokens, [vocabularies[i] for i in order])
-    rows, missing = _row_maps(tokens, vocabularies)
-    fill = _fill(rows, missing, base)
+        appended = _union(output, [vocabularies[i] for i in order])
+    add_tokens(output, appended, tokens or {})
+    rows, missing = _row_maps(output, vocabularies)
+    fill = _fill(rows, missing, base, skip={i for i, t in enumerate(output) if t in (tokens or {})})
+    forced, fill_row = configure_fill(tokens or {}, output, refs, read, input_rows, rows, fill)
+    padding = -len(output) % pad_to_multiple_of if pad_to_multiple_of else 0
     names = found[0][1]
-    if MEAN in fill and (dtype := checkpoints[0].tensors[names[0]].dtype) not in AVERAGED_DTYPES:
-        raise RecipeError.for_field(
-            FIELD, f"{names[0]} is {dtype}: rows of several inputs are averaged only in "
-            f"{', '.join(sorted(AVERAGED_DTYPES))}",
-        )  # fmt: skip
+    _check_averaged(checkpoints[0], names, MEAN in fill, padding)
     return VocabularyPlan(
         source=source,
         tokenizer_input=start,
-        tokens=tokens,
+        tokens=output,
         appended=appended,
         dropped=len(read[start].ids) - len(vocabularies[start].ids),
         tensors=frozenset(names),
         input_rows=input_rows,
         rows=rows,
         fill=fill,
-        donors=[_donors(rows, fill, lacking) for lacking in missing],
+        donors=[_donors(rows, fill, lacking, forced) for lacking in missing],
+        forced=forced,
+        fill_row=fill_row,
+        padding=padding,
     )
+
+
+def _check_averaged(checkpoint: Checkpoint, names: list[str], mean: bool, padding: int) -> None:
+    """Rows are averaged (a token several inputs have, padding rows) only in float dtypes, and
+    padding only in 2-D tensors (torch sums a 1-D one in another order)."""
+    dtype = checkpoint.tensors[names[0]].dtype
+    if (mean or padding) and dtype not in AVERAGED_DTYPES:
+        raise RecipeError.for_field(
+            FIELD if mean else "pad_to_multiple_of", f"{names[0]} is {dtype}: rows of several "
+            f"inputs are averaged only in {', '.join(sorted(AVERAGED_DTYPES))}",
+        )  # fmt: skip
+    flat = [n for n in names if len(checkpoint.tensors[n].shape) != 2]
+    if padding and flat:
+        raise RecipeError.for_field(
+            "pad_to_multiple_of", f"{flat[0]} is one-dimensional: padding rows are computed "
+            "only for two-dimensional embedding and head weights",
+        )  # fmt: skip
 
 
 def _source_input(source: str, refs: Sequence[InputRef], base: int | None) -> int:
@@ -282,10 +320,13 @@ def _row_maps(
     return rows, missing
 
 
-def _fill(rows: list[array[int]], missing: list[list[int]], base: int | None) -> array[int]:
-    """Per output token, whose row an input lacking it reads (mergekit's default rule)."""
+def _fill(
+    rows: list[array[int]], missing: list[list[int]], base: int | None, skip: set[int]
+) -> array[int]:
+    """Per output token, whose row an input lacking it reads (mergekit's default rule; the
+    tokens in `skip`, a `tokens` entry's, take theirs from configured.py)."""
     fill = array("q", [EVERY]) * len(rows[0])
-    for t in sorted({t for lacking in missing for t in lacking}):
+    for t in sorted({t for lacking in missing for t in lacking} - skip):
         present = [i for i, r in enumerate(rows) if r[t] >= 0]
         if len(present) == 1:
             fill[t] = present[0]
@@ -296,8 +337,11 @@ def _fill(rows: list[array[int]], missing: list[list[int]], base: int | None) ->
     return fill
 
 
-def _donors(rows: list[array[int]], fill: array[int], lacking: list[int]) -> frozenset[int]:
-    donors: set[int] = set()
+def _donors(
+    rows: list[array[int]], fill: array[int], lacking: list[int], forced: array[int]
+) -> frozenset[int]:
+    """The inputs read for the tokens an input lacks and the forced ones."""
+    donors = {fill[t] for t, f in enumerate(forced) if f and fill[t] >= 0}
     for t in lacking:
         if fill[t] >= 0:
             donors.add(fill[t])

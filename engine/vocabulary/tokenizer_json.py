@@ -111,13 +111,20 @@ def _is_id(value: Any) -> bool:
 
 def new_entry(token: str, vocabulary: TokenizerVocabulary, new_id: int) -> dict[str, Any]:
     """The added_tokens entry a token new to the output gets: its own entry where it was an
-    added token, else a plain (normalised, not special) one, as transformers' add_tokens."""
+    added token, else a plain one (plain_entry)."""
     found = vocabulary.added.get(token)
-    entry = {k: found[k] for k in _ENTRY_KEYS if k in found} if found else {
-        "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+    if found is None:
+        return plain_entry(token, new_id)
+    return {"id": new_id, **{k: found[k] for k in _ENTRY_KEYS if k in found}}
+
+
+def plain_entry(token: str, new_id: int) -> dict[str, Any]:
+    """The added_tokens entry of a string added as transformers' add_tokens adds it: normalised,
+    not special."""
+    return {
+        "id": new_id, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
         "normalized": True, "special": False,
     }  # fmt: skip
-    return {"id": new_id, **entry}
 
 
 def write_tokenizer(

@@ -276,7 +276,8 @@ def test_ties_weights_and_densities_that_vary_equal_mergekit(
     tensor: equal bits, but where |δ| ties at a cut (float32 deltas rarely do)."""
     names = ["task", "language", "task2"]
     params = {"weights": [p["weight"] for p in TIES_VARYING],
-              "density": [p["density"] for p in TIES_VARYING], "lambda": LAMBDA_VARYING}  # fmt: skip
+              "density": [p["density"] for p in TIES_VARYING],
+              "lambda": LAMBDA_VARYING}  # fmt: skip
     recipe = {"method": "ties", "base": llama32.base,
               "models": [getattr(llama32, m) for m in names], "params": params}  # fmt: skip
     ours = load(run_merge(recipe).out_dir)

@@ -750,8 +750,11 @@ def test_passthrough_rows_differ_from_mergekits_for_tokens_a_model_lacks() -> No
 
 
 def test_tokenizer_refusals() -> None:
-    refused(linear_config(tokenizer={"source": "./a", "tokens": {"<x>": {}}}), "tokenizer.tokens")
-    refused(linear_config(tokenizer={"pad_to_multiple_of": 64}), "tokenizer.pad_to_multiple_of")
+    refused(
+        linear_config(tokenizer={"source": "./a", "tokens": {"<x>": {}}}),
+        "tokenizer.tokens.<x>.source", "required",
+    )  # fmt: skip
+    refused(linear_config(tokenizer={"pad_to_multiple_of": -64}), "tokenizer.pad_to_multiple_of")
     refused(linear_config(tokenizer={"source": "./a", "extra": 1}), "tokenizer.extra", "unknown")
     refused(linear_config(tokenizer="./a"), "tokenizer", "mapping")
     refused(linear_config(tokenizer_source="./a", tokenizer={}), "tokenizer", "not both")

@@ -41,7 +41,8 @@ def test_params_metadata_comes_from_the_types() -> None:
     assert (t.type, t.per_model, t.varies_by_layer) == ("setting", False, True)
     assert param("model_stock", "filter_wise").type == "switch"
     assert param("ties", "weights").per_model and param("ties", "weights").varies_by_layer
-    assert param("ties", "density").per_model and not param("ties", "lambda").varies_by_layer
+    assert param("ties", "density").per_model and param("ties", "lambda").varies_by_layer
+    assert not param("ties", "lambda").per_model and not param("ties", "normalize").varies_by_layer
     assert param("ties", "density").bounds == Range(0, 1, low_open=True)
     assert str(param("dare_ties", "density").bounds) == "(0, 1]"
     assert str(param("della", "epsilon").bounds) == "[0, 0.5)"

@@ -44,10 +44,7 @@ INVALID: dict[str, tuple[Any, str]] = {
     "task-arithmetic-no-base": ({k: v for k, v in ARITHMETIC.items() if k != "base"}, "base"),
     "ties-no-base": ({k: v for k, v in TIES.items() if k != "base"}, "base"),
     "soup-weights-sum-zero": ({**SOUP, "params": {"weights": [1.0, -1.0]}}, "params.weights"),
-    "arithmetic-weights-sum-zero": (
-        {**ARITHMETIC, "params": {"weights": [0.5, -0.5]}},
-        "params.weights",
-    ),
+    "arithmetic-weights-count": ({**ARITHMETIC, "params": {"weights": [0.5]}}, "params.weights"),
     "ties-density-above-one": (
         {**TIES, "params": {"density": [0.5, [1, 1.5]]}},
         "params.density.1",
