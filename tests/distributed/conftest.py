@@ -22,7 +22,8 @@ import redis
 from sqlalchemy import create_engine, select, text
 
 from core.db.models import Job, JobEvent
-from tests.helpers import built_once, wait_for
+from tests import helpers
+from tests.helpers import built_once
 from tests.service.conftest import POSTGRES_ADMIN, Service, postgres_database, running_service
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
@@ -31,6 +32,18 @@ HUB_TOKEN = "hf_worker_secret_token_987654321"  # the API's and the workers' cre
 # (heartbeating every 0.2 s from its own thread) is never taken for dead: with the suite on
 # several pytest workers (scripts/test.sh), 3 s proved too short for an evaluating worker on a
 # loaded 2-core host.
+# How long a step may take before a test fails: an upper bound, never a pause. On a 2-core host
+# running the suite on several pytest workers beside other work, a job took over 60 s.
+STEP_TIMEOUT = 180.0
+
+
+def wait_for(
+    condition: Callable[[], Any], what: str, timeout: float = STEP_TIMEOUT, **options: Any
+) -> Any:
+    """tests.helpers.wait_for with the cluster's longer bound."""
+    return helpers.wait_for(condition, what, timeout, **options)
+
+
 TIMINGS = {
     "heartbeat_interval_s": 0.2,
     "stale_after_s": 8.0,

@@ -10,8 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from core.db.models import Artifact, LineageEdge
-from tests.distributed.conftest import HUB_TOKEN, Cluster, leftovers, outputs
-from tests.helpers import wait_for
+from tests.distributed.conftest import HUB_TOKEN, Cluster, leftovers, outputs, wait_for
 from tests.service.conftest import layer_swap
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,14 +14,13 @@ from sqlalchemy import select
 
 from core import jobs
 from core.db.models import Job, JobEvent
-from tests.distributed.conftest import Cluster, leftovers, outputs, ties
+from tests.distributed.conftest import Cluster, leftovers, outputs, ties, wait_for
 from tests.distributed.test_celery import (  # noqa: F401  (ties_reference: a fixture)
     assert_output_matches,
     finished,
     mid_merge,
     ties_reference,
 )
-from tests.helpers import wait_for
 from tests.service.conftest import running_service
 
 pytestmark = pytest.mark.timeout(300)
