@@ -43,24 +43,22 @@ def _rounded(value: Any, f16: bool) -> Any:
 
 
 @_inline
-def _weighted_row(
-    base: Array, row: Array, weight: Any, f16: bool, out: Array, lo: int, hi: int
-) -> None:
-    """out[q − lo] = the rounded delta of `row` at q, weighted and rounded, for q in [lo, hi)."""
-    for q in range(lo, hi):
+def _weighted_row(base: Array, row: Array, weight: Any, f16: bool, out: Array) -> None:
+    """out[q] = the rounded delta of `row` at q, weighted and rounded (arrays of one length)."""
+    for q in range(len(out)):
         delta = _rounded(_widen(row[q], f16) - _widen(base[q], f16), f16)
-        out[q - lo] = _rounded(delta * weight, f16)
+        out[q] = _rounded(delta * weight, f16)
 
 
 @_inline
 def _trimmed_row(
     base: Array, row: Array, weight: Any, threshold: Any, quota: int, mask: Array, mode: int,
-    f16: bool, out: Array, lo: int, hi: int,
+    f16: bool, out: Array,
 ) -> int:  # fmt: skip
     """_weighted_row of a delta trimmed first: by `threshold`, the first `quota` entries equal
     to it kept too (in flat order), or by `mask`; a dropped δ is δ·0 (±0, as mergekit's mask
     makes it). Returns the quota left."""
-    for q in range(lo, hi):
+    for q in range(len(out)):
         delta = _rounded(_widen(row[q], f16) - _widen(base[q], f16), f16)
         if mode == MASK:
             kept = mask[q]
@@ -70,7 +68,7 @@ def _trimmed_row(
             if quota > 0 and magnitude == threshold:  # a tie at the cut, kept while they last
                 kept = True
                 quota -= 1
-        out[q - lo] = _rounded(delta * np.float32(kept) * weight, f16)
+        out[q] = _rounded(delta * np.float32(kept) * weight, f16)
     return quota
 
 
@@ -80,17 +78,22 @@ def task_arithmetic(
     scale: bool, lambda_: float, out: Array, lo: int, hi: int,
 ) -> None:  # fmt: skip
     """out = base + λ·Σ wᵢ·δᵢ [÷ `divisor`] over elements [lo, hi), every step rounded to the
-    dtype (fp16 with `f16`, else bf16). Term by term, so that each loop vectorises."""
-    weighted = np.empty(hi - lo, np.float32)
+    dtype (fp16 with `f16`, else bf16). Term by term, each weighted delta added to the sum as
+    it is made, so that each loop vectorises; the loops index views of [lo, hi) from 0 (an
+    index that may be negative costs each access a wrap-around select, which kept them scalar:
+    a bf16 merge ran five times slower)."""
+    base, out = base[lo:hi], out[lo:hi]
     total = np.zeros(hi - lo, np.float32)  # torch's sums start from +0
     for i in range(terms.shape[0]):
-        _weighted_row(base, terms[i], weights[i], f16, weighted, lo, hi)
-        total += weighted
+        row, weight = terms[i, lo:hi], weights[i]
+        for q in range(hi - lo):
+            delta = _rounded(_widen(row[q], f16) - _widen(base[q], f16), f16)
+            total[q] += _rounded(delta * weight, f16)
     # ÷ 1 and × 1 are exact and leave a rounded value as it is: no branch in the loop
     by = np.float32(divisor) if normalize else np.float32(1.0)
     factor = np.float32(lambda_) if scale else np.float32(1.0)
-    for q in range(lo, hi):
-        mixed = _rounded(_rounded(_rounded(total[q - lo], f16) / by, f16) * factor, f16)
+    for q in range(hi - lo):
+        mixed = _rounded(_rounded(_rounded(total[q], f16) / by, f16) * factor, f16)
         out[q] = _narrow(_widen(base[q], f16) + mixed, f16)
 
 
@@ -103,16 +106,18 @@ def ties(
     """out = base + λ·Σ of the weighted, trimmed deltas agreeing with their sum's sign [÷ the
     sum of their weights] over elements [lo, hi), every step rounded to the dtype. `quotas`
     (ties still to keep, per term, in flat order) is updated for the next elements: [lo, hi)
-    may be split between threads only once they are spent."""
+    may be split between threads only once they are spent. Loops index views of [lo, hi) from
+    0, as task_arithmetic's."""
     n, zero = terms.shape[0], np.float32(0.0)
+    base, out, masks = base[lo:hi], out[lo:hi], masks[:, lo:hi]
     weighted = np.empty((n, hi - lo), np.float32)
     total = np.zeros(hi - lo, np.float32)
     for i in range(n):
         if modes[i] == UNTRIMMED:
-            _weighted_row(base, terms[i], weights[i], f16, weighted[i], lo, hi)
+            _weighted_row(base, terms[i, lo:hi], weights[i], f16, weighted[i])
         else:
-            quotas[i] = _trimmed_row(base, terms[i], weights[i], thresholds[i], quotas[i],
-                                     masks[i], modes[i], f16, weighted[i], lo, hi)  # fmt: skip
+            quotas[i] = _trimmed_row(base, terms[i, lo:hi], weights[i], thresholds[i], quotas[i],
+                                     masks[i], modes[i], f16, weighted[i])  # fmt: skip
         total += weighted[i]
     up = np.empty(hi - lo, np.bool_)  # the elected sign: the rounded sum's, 0 counting as +
     for q in range(hi - lo):
@@ -125,8 +130,8 @@ def ties(
             divisor[q] += weights[i] * agree
     factor = np.float32(lambda_) if scale else np.float32(1.0)
     one = np.float32(1.0)
-    for q in range(lo, hi):  # ÷ 1 and × 1 leave a rounded value as it is: no branches
-        by = _rounded(divisor[q - lo], f16)
+    for q in range(hi - lo):  # ÷ 1 and × 1 leave a rounded value as it is: no branches
+        by = _rounded(divisor[q], f16)
         by = (one if by == zero else by) if normalize else one
-        part = _rounded(_rounded(_rounded(mixed[q - lo], f16) / by, f16) * factor, f16)
+        part = _rounded(_rounded(_rounded(mixed[q], f16) / by, f16) * factor, f16)
         out[q] = _narrow(_widen(base[q], f16) + part, f16)

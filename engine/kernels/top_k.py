@@ -29,12 +29,17 @@ class TopK:
 
 def top_k(chunks: ChunkSource, k: int, *, numel: int, in_memory: int) -> TopK:
     """Exact top-k of the `numel` values `chunks` yields: in one buffer when `numel` is at
-    most `in_memory`, else by radix select (`chunks` is then called again for a second pass)."""
+    most `in_memory`, else by radix select (`chunks` is then called again for a second pass).
+    Narrower floats (bf16, fp16 arithmetic) are widened to float32 first: exact, same order."""
+
+    def widened() -> Iterator[torch.Tensor]:
+        return (c.float() if c.dtype in (torch.bfloat16, torch.float16) else c for c in chunks())
+
     if numel <= in_memory:
-        return _top_k_in_memory(chunks, k, numel)
-    high, above_high, remaining = _select_bin(chunks, k, lambda bits: bits >> 16)
+        return _top_k_in_memory(widened, k, numel)
+    high, above_high, remaining = _select_bin(widened, k, lambda bits: bits >> 16)
     low, above_low, _ = _select_bin(
-        chunks, remaining, lambda bits: (bits & 0xFFFF)[(bits >> 16) == high]
+        widened, remaining, lambda bits: (bits & 0xFFFF)[(bits >> 16) == high]
     )
     pattern = torch.tensor([(high << 16) | low], dtype=torch.int32)
     return TopK(float(pattern.view(torch.float32)[0]), k - above_high - above_low)

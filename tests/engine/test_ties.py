@@ -232,6 +232,20 @@ def test_top_k_selection_is_exact(values: torch.Tensor, k_fraction: float) -> No
         assert int(torch.cat(masks).sum()) == k
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_top_k_of_narrow_chunks_equals_top_k_of_their_float32_values(dtype: torch.dtype) -> None:
+    """Magnitudes in mergekit's bf16/fp16 arithmetic (sce's variances) select as their exact
+    float32 values do, in memory and by radix select."""
+    from engine.kernels.top_k import top_k
+
+    values = torch.randn(6_000, generator=torch.Generator().manual_seed(3)).abs().to(dtype)
+    wide, numel, k = values.float(), values.numel(), 1_234
+    for size, in_memory in ((numel, numel), (1000, 0)):
+        found = top_k(_chunked(values, size), k, numel=numel, in_memory=in_memory)
+        assert found == top_k(_chunked(wide, size), k, numel=numel, in_memory=in_memory)
+        assert found.threshold == float(torch.topk(wide, k).values[-1])
+
+
 def test_ties_sharded_inputs_match_unsharded(llama: Family, sharded: Any, run_merge: Any) -> None:
     params = {"density": 0.5}
     a = run_merge(
