@@ -206,9 +206,27 @@ class NarrowSparseMerge(SparseMerge):
                 deltas = (delta.abs().float() for _, delta in self._deltas(i))
                 self.sorted_masks[i] = sorted_mask(deltas, self.numel, ranks, descending=False)
 
+    def _sort_tops(self) -> None:
+        """TIES's k largest |δ| by torch's sort of the whole |δ|, descending, as mergekit's."""
+        self.sorted_masks = [None] * len(self.thinned)
+        for i, thin in enumerate(self.thinned):
+            if thin:
+                k = max(1, int(self.thinning.densities[i] * self.numel))
+                deltas = (delta.abs().float() for _, delta in self._deltas(i))
+                self.sorted_masks[i] = sorted_mask(deltas, self.numel, (0, k), descending=True)
+
     def _cut(self, i: int, delta: torch.Tensor, first: int) -> torch.Tensor:
         if self.sorted_masks is None:
             return super()._cut(i, delta, first)
+        return self._sorted(i, delta, first)
+
+    def _top(self, i: int, delta: torch.Tensor, first: int) -> torch.Tensor:
+        if self.sorted_masks is None:
+            return super()._top(i, delta, first)
+        return self._sorted(i, delta, first)
+
+    def _sorted(self, i: int, delta: torch.Tensor, first: int) -> torch.Tensor:
+        assert self.sorted_masks is not None
         mask = self.sorted_masks[i]
         assert mask is not None
         return mask[first : first + delta.numel()].to(delta.device)
@@ -240,11 +258,15 @@ class NarrowSparseMerge(SparseMerge):
         return (masked if factor is None else masked * factor).to(delta.dtype)
 
     def _prepare(self) -> None:
-        if self.settings.dropping == "outliers" and self.numel <= self.sorted_elements:
+        small = self.numel <= self.sorted_elements
+        if small and self.settings.dropping == "outliers":
             self._sort_bands()
             self.scales = [1.0] * len(self.thinned)
+        elif small and self.settings.dropping == "magnitude":
+            self._sort_tops()
+            self.scales = [1.0] * len(self.thinned)
         else:
-            super()._prepare()  # breadcrumbs' cuts; float scales, unused here, left at 1
+            super()._prepare()  # cuts or tops; float scales, unused here, left at 1
         rescaled = [self.settings.rescale and thin for thin in self.thinned]
         self.factors = [self._factor(i) if scaled else None for i, scaled in enumerate(rescaled)]
 

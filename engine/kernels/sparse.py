@@ -1,4 +1,5 @@
-"""The sparsifying methods (DARE, breadcrumbs, DELLA) on the CPU, compiled with numba.
+"""The sparsifying methods (DARE, breadcrumbs, DELLA; TIES with rescale) on the CPU, compiled
+with numba.
 
 Per tensor (the formulas: engine/methods/sparsify.py):
 
@@ -233,7 +234,8 @@ class SparseKernels:
         assert tensor.thinning is not None
         numel, settings = math.prod(tensor.shape), self.settings
         thinned = np.array([d < 1.0 for d in tensor.thinning.densities])
-        ahead = thinned.any() and (settings.dropping == "outliers" or settings.rescale)
+        selects = settings.dropping in ("outliers", "magnitude")
+        ahead = thinned.any() and (selects or settings.rescale)
         whole = self._inputs(tensor, 0, numel) if ahead and numel <= self.in_memory else None
         step = max(1, numel) if whole is not None else self._step(tensor)
 

@@ -9,6 +9,8 @@ at a time by compiled kernels (the formulas: engine/methods/dare.py, breadcrumbs
   threads.
 - DELLA: per row, each entry's rank by |δ| (a stable radix sort of the row) gives its keep
   probability, and its Philox bits decide.
+- TIES (with rescale): the k largest |δ|, of equal ones at the cut the first in flat order,
+  found by TIES's own exact selection (ties_selection.py) as a threshold and a cutoff.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.kernels.float_bits import as_float32
 from engine.kernels.input_rows import Array
 from engine.kernels.parallel import THREADS, parallel
 from engine.kernels.random_bits import SCALE, fill_bits, stream_key
+from engine.kernels.ties_selection import Selection
 from engine.plan.model import Dropping, TensorPlan
 
 _BINS = 1 << 16
@@ -149,6 +152,20 @@ def _cut_mask(
 
 
 @_jit
+def _top_mask(
+    model: Array, base: Array, first: int, threshold: int, cutoff: int, mask: Array, lo: int,
+    hi: int,
+) -> None:  # fmt: skip
+    """1 where an entry is among the k largest: |δ| bits above threshold, or equal to it at a
+    flat index below cutoff."""
+    model, base, out = model[lo:hi], base[lo:hi], mask[lo:hi]  # see _delta_bits
+    start = first + lo
+    for j in range(hi - lo):
+        bits = abs_delta_bits(model[j], base[j])
+        out[j] = bits > threshold or (bits == threshold and start + j < cutoff)
+
+
+@_jit
 def _random_mask(
     first: int, k0: int, k1: int, threshold: int, bits: Array, mask: Array, lo: int, hi: int
 ) -> None:
@@ -244,6 +261,15 @@ class CutDrop:
 
 
 @dataclass(frozen=True)
+class TopDrop:
+    threshold: int  # the bit pattern of the k-th largest |δ|
+    cutoff: int  # the flat index after the last entry equal to it that is kept
+
+    def fill(self, model: Array, base: Array, first: int, mask: Array) -> None:
+        parallel(_top_mask, mask.size, model, base, first, self.threshold, self.cutoff, mask)
+
+
+@dataclass(frozen=True)
 class MagPrune:
     key: tuple[int, int]
     width: int  # entries per row
@@ -321,6 +347,22 @@ def cut_drop(source: DeltaSource) -> CutDrop:
     return CutDrop(cut_low, cut_high)
 
 
+def top_drop(source: DeltaSource) -> TopDrop:
+    """TIES's k = ⌊density·n⌋ largest |δ| (at least one; TiesSettings.kept), selected exactly
+    as TIES's own kernels select them."""
+    thinning = source.tensor.thinning
+    assert thinning is not None
+    numel = source.numel
+    k = max(1, int(thinning.densities[source.term] * numel))
+
+    def delta_inputs(start: int, count: int) -> tuple[Array, Array]:
+        base, terms = source.inputs(start, count)
+        return terms[source.term], base
+
+    selection = Selection(check_cancel=source.check_cancel)
+    return TopDrop(*selection.select(numel, k, source.step, delta_inputs))
+
+
 def mag_prune(source: DeltaSource) -> MagPrune:
     thinning = source.tensor.thinning
     assert thinning is not None
@@ -334,4 +376,5 @@ DROPPERS: dict[Dropping, Callable[[DeltaSource], Dropper]] = {
     "random": random_drop,
     "outliers": cut_drop,
     "magprune": mag_prune,
+    "magnitude": top_drop,
 }

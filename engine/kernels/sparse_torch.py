@@ -1,5 +1,5 @@
-"""The sparsifying methods (DARE, breadcrumbs, DELLA) in torch: the CUDA path, float64 inputs,
-and the reference the compiled CPU kernels (sparse.py) equal bit for bit.
+"""The sparsifying methods (DARE, breadcrumbs, DELLA; TIES with rescale) in torch: the CUDA
+path, float64 inputs, and the reference the compiled CPU kernels (sparse.py) equal bit for bit.
 
 Every step is the same float (float64 for F64 inputs) or integer operation as there, in the
 same order, so the bytes do not depend on the device: Philox bits from integer arithmetic that
@@ -108,6 +108,7 @@ class SparseMerge:
         self.slab = self.width * self.rest if settings.dropping == "magprune" else 1
         self.step = max(1, step // self.slab) * self.slab
         self.cuts: list[tuple[Cut, Cut] | None] | None = None
+        self.tops: list[Cut | None] | None = None  # TIES's k largest (_largest)
         self.scales: list[float] | None = None
 
     def chunk(self, start: int, count: int) -> torch.Tensor:
@@ -186,6 +187,14 @@ class SparseMerge:
         below_low = (bits < low.value) | ((bits == low.value) & (index < low.cutoff))
         return below_high & ~below_low
 
+    def _top(self, i: int, delta: torch.Tensor, first: int) -> torch.Tensor:
+        assert self.tops is not None
+        top = self.tops[i]
+        assert top is not None
+        bits = _bits(delta)
+        index = torch.arange(first, first + delta.numel(), device=delta.device)
+        return (bits > top.value) | ((bits == top.value) & (index < top.cutoff))
+
     def _magprune(self, i: int, delta: torch.Tensor, first: int) -> torch.Tensor:
         """Keep probabilities from each entry's rank by |δ| along dim 1 (equal |δ| in flat
         order: a stable sort), then Philox bits against them."""
@@ -214,6 +223,8 @@ class SparseMerge:
     def _prepare(self) -> None:
         if self.settings.dropping == "outliers":
             self.cuts = [self._cuts(i) if thin else None for i, thin in enumerate(self.thinned)]
+        if self.settings.dropping == "magnitude":
+            self.tops = [self._largest(i) if thin else None for i, thin in enumerate(self.thinned)]
         self.scales = [1.0] * len(self.thinned)
         if self.settings.rescale and any(self.thinned):
             self.scales = self._scales()
@@ -256,14 +267,32 @@ class SparseMerge:
         return self._smallest(i, low), self._smallest(i, high)
 
     def _smallest(self, i: int, m: int) -> Cut:
-        """The Cut of term i's m smallest |δ| (equal ones in flat order), by radix selection:
-        per pass, a histogram of the next 16 bits of the patterns that share the prefix found."""
+        """The Cut of term i's m smallest |δ| (equal ones in flat order)."""
         if m == 0:
             return Cut(0, 0)
-        width = 64 if self.read(self.settings.base, 0, 1).dtype == torch.float64 else 32
         if m == self.numel:
-            return Cut((1 << (width - 1)) - 1, self.numel)  # every |δ| pattern
-        prefix, below = 0, 0
+            return Cut((1 << (self._width() - 1)) - 1, self.numel)  # every |δ| pattern
+        value, below, _ = self._order_statistic(i, m)
+        return Cut(value, self._after_tied(i, value, m - below))
+
+    def _largest(self, i: int) -> Cut:
+        """TIES's k largest |δ| of term i (TiesSettings.kept; equal ones at the cut, the first
+        in flat order), as a Cut read the other way: kept are the |δ| bits above `value`, and
+        those equal to it at a flat index below `cutoff`."""
+        k = max(1, int(self.thinning.densities[i] * self.numel))
+        value, below, equal = self._order_statistic(i, self.numel - k + 1)
+        above = self.numel - below - equal
+        return Cut(value, self._after_tied(i, value, k - above))
+
+    def _width(self) -> int:
+        return 64 if self.read(self.settings.base, 0, 1).dtype == torch.float64 else 32
+
+    def _order_statistic(self, i: int, m: int) -> tuple[int, int, int]:
+        """The bit pattern of term i's m-th smallest |δ| (1-based), how many |δ| lie below it
+        and how many equal it, by radix selection: per pass, a histogram of the next 16 bits
+        of the patterns that share the prefix found."""
+        width = self._width()
+        prefix, below, equal = 0, 0, 0
         for level in range(width // _DIGIT):
             shift = width - _DIGIT * (level + 1)
             counts = torch.zeros(1 << _DIGIT, dtype=torch.int64)
@@ -276,13 +305,16 @@ class SparseMerge:
             cumulative = counts.cumsum(0)
             digit = int(torch.searchsorted(cumulative, torch.tensor(m - below)))
             below += int(cumulative[digit - 1]) if digit else 0
-            prefix = (prefix << _DIGIT) | digit
-        needed = m - below
+            prefix, equal = (prefix << _DIGIT) | digit, int(counts[digit])
+        return prefix, below, equal
+
+    def _after_tied(self, i: int, value: int, needed: int) -> int:
+        """The flat index after the `needed`-th |δ| of term i whose bits equal `value`."""
         for start, delta in self._deltas(i):
-            equal = (_bits(delta) == prefix).to(torch.int64).cumsum(0)
+            equal = (_bits(delta) == value).to(torch.int64).cumsum(0)
             seen = int(equal[-1])
             if seen >= needed:
-                return Cut(prefix, start + int(torch.searchsorted(equal, needed)) + 1)
+                return start + int(torch.searchsorted(equal, needed)) + 1
             needed -= seen
         raise AssertionError("an order statistic of |δ| was not found again")
 
@@ -296,4 +328,5 @@ MASKS: dict[str, Callable[[SparseMerge, int, torch.Tensor, int], torch.Tensor]] 
     "random": lambda merge, i, delta, first: merge._random(i, delta, first),
     "outliers": lambda merge, i, delta, first: merge._cut(i, delta, first),
     "magprune": lambda merge, i, delta, first: merge._magprune(i, delta, first),
+    "magnitude": lambda merge, i, delta, first: merge._top(i, delta, first),
 }  # by name: a subclass's own (narrow_torch.py) is called

@@ -11,15 +11,26 @@ Weights and densities are settings per model (a number, a gradient across the la
 coefficients (0 and negative ones too, as mergekit takes them), the densities into the tensor's
 Thinning where they are not one number for all. The kernels are TIES's own either way: routed
 through the sparsifying methods' machinery, the common case would lose its compiled kernel.
+
+With `rescale` (mergekit's parameter, off by default), each trimmed δ_i is multiplied by
+‖δ_i‖₁ / ‖trimmed δ_i‖₁ before it is weighted (unscaled where either norm is below 1e-7, as
+mergekit leaves it). Both norms are sums over the whole tensor, taken before its first output
+byte, so such a plan is routed through the sparsifying methods' kernels (op `sparsify`,
+dropping `magnitude`: the same exact top-k, with sign consensus), which sum them exactly.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
-from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.methods.sparsify import (
     PER_MODEL_HELP,
@@ -31,7 +42,7 @@ from engine.methods.sparsify import (
     resolved_values,
     resolved_weights,
 )
-from engine.plan.model import Op, Term, Thinning, TiesSettings
+from engine.plan.model import Op, SparsifySettings, Term, Thinning, TiesSettings
 from engine.schema.params import Range
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
 from engine.schema.settings import Setting, position
@@ -41,7 +52,6 @@ from engine.translation.translators import (
     Parameter,
     Translation,
     fraction,
-    read_parameter,
     translate_task_vectors,
 )
 
@@ -65,6 +75,18 @@ class TiesParams(Strict):
         "{filter, value}s",
     )
     normalize: bool = True
+    rescale: bool = Field(
+        False, description="scale each trimmed delta back to its original L1 norm"
+    )
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without `rescale` where it is off: recipes written before it was a field keep
+        their digests."""
+        data: dict[str, Any] = handler(self)
+        if not self.rescale:
+            data.pop("rescale", None)
+        return data
 
 
 class TiesRecipe(ModelsRecipe):
@@ -82,7 +104,8 @@ class TiesRecipe(ModelsRecipe):
 
 def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
     """Weights, densities and λ resolved per tensor where they vary; a density and λ shared by
-    every model and tensor stay in TiesSettings alone (no per-tensor thinning)."""
+    every model and tensor stay in TiesSettings alone (no per-tensor thinning). With rescale,
+    every tensor is a `sparsify` one (its thinning always resolved)."""
     models = inputs.indices("model")
     base = inputs.indices("base")[0]
     q = recipe.params
@@ -91,16 +114,27 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
     densities = per_model(q.density, "params.density", count)
     settings = [s for s, _ in weights + densities]
     num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
+    op: Op = "sparsify" if q.rescale else "ties"
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         found = resolved_values(weights, name, position(layer, num_layers))
-        return "ties", tuple(map(Term, models, found)), "ties"
+        return op, tuple(map(Term, models, found)), "ties"
 
     def thinning(name: str, layer: int | None) -> Thinning:
         at = position(layer, num_layers)
         found = resolved_values(densities, name, at)
         return Thinning(found, lambda_=resolved_value(q.lambda_, "params.lambda", name, at))
 
+    resolved = resolved_weights(weights, None)
+    if q.rescale:
+        return MethodPlan(
+            rule=rule,
+            config_input=base,
+            tokenizer_input=base,
+            sparsify=SparsifySettings(base, "magnitude", True, q.normalize, True, None),
+            thinning=thinning,
+            resolved_weights=resolved,
+        )
     shared = q.density if isinstance(q.density, float | int) else 1.0
     lambda_ = q.lambda_ if isinstance(q.lambda_, float | int) else 1.0
     fixed = isinstance(q.density, float | int) and isinstance(q.lambda_, float | int)
@@ -110,17 +144,18 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
         tokenizer_input=base,
         ties=TiesSettings(base, float(shared), float(lambda_), q.normalize),
         thinning=None if fixed else thinning,
-        resolved_weights=resolved_weights(weights, None),
+        resolved_weights=resolved,
     )
 
 
 def translate_ties(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
     """Weights and densities per model, as written (gradients and filters); one density for
-    every model where they all write the same number. No rescale."""
-    if read_parameter(config, translation, "rescale"):
-        raise RecipeError.for_field("parameters.rescale", "Layerswap's ties does not rescale")
+    every model where they all write the same number; rescale only where it is on (the
+    recipe's default is off, as mergekit's)."""
     translated = translate_task_vectors(config, translation)
     params = translated["params"]
+    if not params.get("rescale"):
+        params.pop("rescale", None)
     density = params["density"]
     if all(isinstance(d, float | int) for d in density) and len(set(density)) == 1:
         params["density"] = density[0]
@@ -147,7 +182,7 @@ METHOD = Method(
             Parameter("density", 1.0, per_model=True, convert=fraction, into="density"),
             Parameter("lambda", 1.0, into="lambda"),
             Parameter("normalize", True, convert=flag, into="normalize", varies=False),
-            Parameter("rescale", False, convert=flag, varies=False),
+            Parameter("rescale", False, convert=flag, into="rescale", varies=False),
             Parameter("int8_mask", False, convert=flag),
         ),
         base_takes_per_model=False,

@@ -135,7 +135,7 @@ class TiesSettings:
         return (self.density,) * len(tensor.terms)
 
 
-Dropping = Literal["random", "outliers", "magprune"]
+Dropping = Literal["random", "outliers", "magprune", "magnitude"]
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,9 @@ class SparsifySettings:
     (engine/methods/sparsify.py); the amounts are per tensor (TensorPlan.thinning)."""
 
     base: int
-    dropping: Dropping  # DARE's random drop, breadcrumbs' outliers and small ones, DELLA's
+    # DARE's random drop, breadcrumbs' outliers and small ones, DELLA's; magnitude: TIES's
+    # (all but the k largest |δ|), when it rescales
+    dropping: Dropping
     consensus: bool  # keep only the deltas that agree with the elected sign (TIES)
     normalize: bool
     rescale: bool  # scale each thinned delta back to its original L1 norm

@@ -375,7 +375,8 @@ def test_ties_weights_and_densities_per_model_vary_by_layer_and_tensor() -> None
 
 
 def test_ties_refusals_and_what_mergekit_ignores() -> None:
-    refused(ties_config(rescale=True), "parameters.rescale", "does not rescale")
+    assert recipe(ties_config(rescale=True))["params"]["rescale"] is True  # taken, not refused
+    assert "rescale" not in recipe(ties_config(rescale=False))["params"]  # the default
     zero = ties_config()
     zero["models"][1]["parameters"]["density"] = 0
     refused(zero, "models.1.parameters.density", "above 0")

@@ -263,12 +263,10 @@ def _bytes(kernels: Any, tensor: Any) -> bytes:
     return b"".join(bytes(chunk) for chunk in kernels.output_bytes(tensor))
 
 
-@pytest.mark.parametrize("chunk_elements", [1000, 1 << 20])
-def test_compiled_and_torch_kernels_write_the_same_bytes(
-    llama: Family, llama32: Family, llama16: Family, chunk_elements: int
-) -> None:
-    """sparse_kernels (numba, the CPU path) and sparse_torch (the CUDA path), bit for bit."""
-    for recipe in _kernel_recipes(llama, llama32, llama16):
+def assert_kernels_agree(recipes: list[dict[str, Any]], chunk_elements: int) -> None:
+    """sparse.py (numba, the CPU path) and sparse_torch.py (the CUDA path) write the same
+    bytes for every sparsified tensor of each recipe."""
+    for recipe in recipes:
         plan = make_plan(parse_recipe(stringify(recipe)), resolve=Path)
         try:
             assert sparse_handles(plan, "cpu") and not sparse_handles(plan, "cuda")
@@ -283,6 +281,14 @@ def test_compiled_and_torch_kernels_write_the_same_bytes(
                 )
         finally:
             plan.close()
+
+
+@pytest.mark.parametrize("chunk_elements", [1000, 1 << 20])
+def test_compiled_and_torch_kernels_write_the_same_bytes(
+    llama: Family, llama32: Family, llama16: Family, chunk_elements: int
+) -> None:
+    """sparse_kernels (numba, the CPU path) and sparse_torch (the CUDA path), bit for bit."""
+    assert_kernels_agree(_kernel_recipes(llama, llama32, llama16), chunk_elements)
 
 
 @pytest.mark.parametrize("method", ["dare_ties", "breadcrumbs_ties", "della"])

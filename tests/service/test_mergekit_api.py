@@ -137,9 +137,7 @@ def test_an_arithmetic_beside_the_config_replaces_mergekits(service: Service) ->
     refused(service, {"mergekit": config, "arithmetic": "float8"}, "arithmetic")
 
 
-def test_per_model_densities_are_taken_and_a_rescale_refused_by_its_field(
-    service: Service,
-) -> None:
+def test_per_model_densities_and_a_rescale_are_taken(service: Service) -> None:
     config = {
         "merge_method": "ties",
         "base_model": "base",
@@ -150,7 +148,9 @@ def test_per_model_densities_are_taken_and_a_rescale_refused_by_its_field(
     assert response.status_code == 202, response.text
     assert response.json()["request"]["params"]["density"] == [0.5, 0.3]
     config["parameters"] = {"rescale": True}
-    refused(service, {"mergekit": config}, "mergekit.parameters.rescale", "does not rescale")
+    response = service.client.post("/v1/merges", json={"mergekit": config})
+    assert response.status_code == 202, response.text
+    assert response.json()["request"]["params"]["rescale"] is True
 
 
 def test_checks_that_need_the_checkpoints_name_the_configs_field(
