@@ -6,6 +6,7 @@ replay, SSRF refusals at creation and at connect time, and tenants kept apart.""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,16 @@ def test_410_disables_the_endpoint_and_a_replay_sends_again(
     assert [a["status_code"] for a in delivered["attempts"]] == [410, 200]
     first, again = receiver.of_type("merge.succeeded")
     assert first.webhook_id == again.webhook_id == failed["webhook_id"]
+    held = threading.Event()  # the replay's request stays open: the delivery stays pending
+    receiver.script = [Reply(200, hold=held)]
     assert service.client.post(replay).status_code == 202  # an ended delivery can be replayed
-    assert service.client.post(replay).status_code == 409  # ...but not while pending
+    try:
+        assert service.client.post(replay).status_code == 409  # ...but not while pending
+    finally:
+        held.set()
+    receiver.wait_for(
+        lambda: len(receiver.of_type("merge.succeeded")) == 3, "the replay, let through"
+    )
 
 
 UNSAFE = [
