@@ -25,11 +25,11 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.errors import RecipeError
-from engine.methods.base import Inputs, Method, MethodPlan, layer_count
+from engine.methods.base import Inputs, Method, MethodPlan, ThinningRule, layer_count
 from engine.plan.model import Dropping, Op, SparsifySettings, Term, Thinning
 from engine.schema.params import ONE_PER_MODEL, Range, bounds
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
-from engine.schema.settings import Condition, Setting, position, resolve
+from engine.schema.settings import Condition, Depth, Setting, position, resolve
 from engine.translation.config import MergekitConfig
 from engine.translation.settings import flag
 from engine.translation.translators import (
@@ -189,6 +189,25 @@ def resolved_value(setting: Setting, field: str, name: str, at: float) -> float:
     if found is None:
         raise RecipeError.for_field(field, f"no filter matches {name}")
     return found
+
+
+def fixed_value(setting: object) -> float | None:
+    """A setting's (or per-model amount's) one value where it is a plain number, else None."""
+    return float(setting) if isinstance(setting, float | int) else None
+
+
+def thinning_by_tensor(
+    densities: Sequence[tuple[Setting, str]], lambda_: Setting, num_layers: Depth
+) -> ThinningRule:
+    """Per tensor: the models' densities and λ, resolved at its depth (TIES's and task
+    arithmetic's amounts where they vary)."""
+
+    def thinning(name: str, layer: int | None) -> Thinning:
+        at = position(layer, num_layers)
+        found = resolved_values(densities, name, at)
+        return Thinning(found, lambda_=resolved_value(lambda_, "params.lambda", name, at))
+
+    return thinning
 
 
 def resolved_values(

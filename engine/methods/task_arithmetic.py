@@ -17,12 +17,13 @@ from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.methods.sparsify import (
     PerModelSettings,
     check_per_model,
+    fixed_value,
     per_model,
-    resolved_value,
     resolved_values,
     resolved_weights,
+    thinning_by_tensor,
 )
-from engine.plan.model import Op, Term, Thinning, TiesSettings
+from engine.plan.model import Op, Term, TiesSettings
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
 from engine.schema.settings import Setting, position
 from engine.translation.config import MergekitConfig
@@ -71,24 +72,21 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
     q = recipe.params
     weights = per_model(1.0 if q.weights == "uniform" else q.weights, "params.weights", len(models))
     num_layers = layer_count(inputs, recipe.method, [*(s for s, _ in weights), q.lambda_])
-    shared = q.lambda_ if isinstance(q.lambda_, float | int) else None
+    shared = fixed_value(q.lambda_)
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         found = resolved_values(weights, name, position(layer, num_layers))
         return "task_arithmetic", tuple(map(Term, models, found)), "task_arithmetic"
 
-    def thinning(name: str, layer: int | None) -> Thinning:
-        """λ where it varies (nothing is trimmed: density 1 for every model)."""
-        at = position(layer, num_layers)
-        lambda_ = resolved_value(q.lambda_, "params.lambda", name, at)
-        return Thinning((1.0,) * len(models), lambda_=lambda_)
+    # λ where it varies (nothing is trimmed: density 1 for every model)
+    thinning = thinning_by_tensor(per_model(1.0, "", len(models)), q.lambda_, num_layers)
 
     return MethodPlan(
         rule=rule,
         config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
         tokenizer_input=base,
         # density 1: nothing is trimmed (the settings are TIES's shape)
-        ties=TiesSettings(base, 1.0, 1.0 if shared is None else float(shared), q.normalize),
+        ties=TiesSettings(base, 1.0, 1.0 if shared is None else shared, q.normalize),
         thinning=thinning if shared is None else None,
         resolved_weights={
             **resolved_weights(weights, None),

@@ -37,12 +37,13 @@ from engine.methods.sparsify import (
     PerModel,
     PerModelSettings,
     check_per_model,
+    fixed_value,
     per_model,
-    resolved_value,
     resolved_values,
     resolved_weights,
+    thinning_by_tensor,
 )
-from engine.plan.model import Op, SparsifySettings, Term, Thinning, TiesSettings
+from engine.plan.model import Op, SparsifySettings, Term, TiesSettings
 from engine.schema.params import Range
 from engine.schema.parts import MAX_MODELS, ModelsRecipe, Source, Strict
 from engine.schema.settings import Setting, position
@@ -120,11 +121,7 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
         found = resolved_values(weights, name, position(layer, num_layers))
         return op, tuple(map(Term, models, found)), "ties"
 
-    def thinning(name: str, layer: int | None) -> Thinning:
-        at = position(layer, num_layers)
-        found = resolved_values(densities, name, at)
-        return Thinning(found, lambda_=resolved_value(q.lambda_, "params.lambda", name, at))
-
+    thinning = thinning_by_tensor(densities, q.lambda_, num_layers)
     resolved = resolved_weights(weights, None)
     if q.rescale:
         return MethodPlan(
@@ -135,14 +132,13 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
             thinning=thinning,
             resolved_weights=resolved,
         )
-    shared = q.density if isinstance(q.density, float | int) else 1.0
-    lambda_ = q.lambda_ if isinstance(q.lambda_, float | int) else 1.0
-    fixed = isinstance(q.density, float | int) and isinstance(q.lambda_, float | int)
+    density, lambda_ = fixed_value(q.density), fixed_value(q.lambda_)
+    fixed = density is not None and lambda_ is not None
     return MethodPlan(
         rule=rule,
         config_input=base,  # the base's config and tokenizer, as mergekit's base_model's
         tokenizer_input=base,
-        ties=TiesSettings(base, float(shared), float(lambda_), q.normalize),
+        ties=TiesSettings(base, density or 1.0, 1.0 if lambda_ is None else lambda_, q.normalize),
         thinning=None if fixed else thinning,
         resolved_weights=resolved,
     )
