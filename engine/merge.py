@@ -240,7 +240,7 @@ def _write_side_files(
     if mergekit is not None:
         if plan.vocabulary is None:
             _warn_tokenizer_mismatch(plan)
-        names = mergekit.write_side_files(plan, staging, dtype)
+        names = mergekit.write_side_files(plan, staging)
         return written | {name: file_sha256(staging / name) for name in names}
     config_dir = Path(plan.inputs[plan.config_input].path)
     tokenizer_dir = Path(plan.inputs[plan.tokenizer_input].path)

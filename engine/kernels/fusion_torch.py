@@ -19,8 +19,10 @@ per row, the sample (4 MB) and its positions, and one block of rows of each inpu
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -65,36 +67,45 @@ class Fusion:
         return base + change * (importance >= self._threshold).float()
 
     def _prepare(self) -> None:
-        """Each row's KL, and the threshold from the quantiles of the importances."""
+        """Each row's KL, and the threshold from the quantiles of the importances. Both are
+        written into buffers made once: a small tensor kept per block would settle in the
+        blocks' freed temporaries, and the heap grow by a block's worth each time (measured:
+        +590 MB over an embedding of 131M entries)."""
         positions = _sample_positions(self.numel)
-        values: list[torch.Tensor] = []
-        kl_rows: list[torch.Tensor] = []
+        kl_rows = values = None
+        filled = 0
         for first in range(0, self.rows, self.block):
             rows = min(self.block, self.rows - first)
             lo, hi = first * self.length, (first + rows) * self.length
             model = self.read(self.model, lo, hi - lo).view(rows, self.length)
             base = self.read(self.base, lo, hi - lo).view(rows, self.length)
-            importance, kl = _importance(model, base)
-            kl_rows.append(kl.view(-1))
-            flat = importance.view(-1)
+            kl = _kl(model, base)
+            if kl_rows is None or values is None:
+                kl_rows = kl.new_empty(self.rows)
+                values = kl.new_empty(self.numel if positions is None else positions.numel())
+            kl_rows[first : first + rows] = kl.view(-1)
             if positions is None:
-                values.append(flat)
-            else:
-                inside = positions[_between(positions, lo, hi)]
-                values.append(flat[inside.to(flat.device) - lo])
-        self._kl = torch.cat(kl_rows)
-        self._threshold = _threshold(torch.cat(values))
+                found = ((model - base).abs() * kl).view(-1)
+            else:  # the importances of the sampled entries alone: each is elementwise
+                at = positions[_between(positions, lo, hi)].to(model.device) - lo
+                change = model.view(-1)[at] - base.view(-1)[at]
+                found = change.abs() * kl.view(-1)[at // self.length]
+            values[filled : filled + found.numel()] = found
+            filled += found.numel()
+        assert kl_rows is not None and values is not None  # a tensor of no rows has no chunks
+        self._kl = kl_rows
+        self._threshold = _threshold(values)
 
 
-def _importance(model: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|model − base|·KL of its row, the KL per row) of a block of rows."""
-    diff = (model - base).abs()
+def _kl(model: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) of each row of a block, p and q the softmax of the model's and the base's row
+    (+ EPS each), as a column."""
     p = F.softmax(model, dim=-1) + EPS
     q = F.softmax(base, dim=-1) + EPS
-    kl = torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
-    return diff * kl, kl
+    return torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
 
 
+@functools.lru_cache(maxsize=8)  # a model's tensors come in a few sizes; each sort is ~0.2 s
 def _sample_positions(numel: int) -> torch.Tensor | None:
     """Sorted flat positions of the sampled entries; None: every entry counts."""
     if numel <= SAMPLE:
@@ -109,8 +120,12 @@ def _between(positions: torch.Tensor, lo: int, hi: int) -> slice:
 
 
 def _threshold(values: torch.Tensor) -> torch.Tensor:
-    """median + 1.5·(q₃ − q₁) of `values`, each quantile the sorted value at int(q·(n − 1))."""
-    ordered = torch.sort(values).values
-    at = (torch.tensor(QUANTILES) * (ordered.numel() - 1)).long()
-    first, median, third = ordered[at.to(ordered.device)].unbind()
+    """median + 1.5·(q₃ − q₁) of `values`, each quantile the order statistic at
+    int(q·(n − 1)) (float32 product, as mergekit's): the value a sort puts there, found by a
+    partition of the values widened exactly (about 4x faster than torch's sort)."""
+    flat = values.reshape(-1)
+    at = (torch.tensor(QUANTILES) * (flat.numel() - 1)).long().tolist()
+    wide = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    picked = np.partition(flat.cpu().to(wide).numpy(), at)[at]
+    first, median, third = torch.from_numpy(picked).to(flat.dtype).to(flat.device).unbind()
     return median + SPREAD * (third - first)

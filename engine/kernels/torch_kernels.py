@@ -101,9 +101,10 @@ class Kernels:
         arithmetic = tensor_arithmetic(self.plan, tensor)
         self._rounded = TORCH_DTYPES[arithmetic.rounded] if arithmetic.rounded else None
         self._compute = TORCH_DTYPES[arithmetic.compute]
+        round_result = self._rounded is not None and arithmetic.result_rounded
         try:
             for chunk in self._outputs(tensor):
-                if self._rounded is not None:  # mergekit's result, in its dtype
+                if round_result:  # mergekit's result, in its dtype
                     chunk = chunk.to(self._rounded)
                 yield chunk.to(TORCH_DTYPES[tensor.dtype]).cpu()
         finally:

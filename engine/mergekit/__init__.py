@@ -74,7 +74,7 @@ def translate(
     recipe = {"method": method.name, **translation.translate(config, translation)}
     if config.sliced:
         recipe["slices"] = recipe_slices(config)
-    recipe["output"] = _output(data, dict(output or {}))
+    recipe["output"] = _output(data, dict(output or {}), translation.writes)
     recipe["arithmetic"] = _arithmetic(data, config, arithmetic)
     if credential is not None:
         recipe["credential"] = credential
@@ -166,7 +166,7 @@ def _arithmetic(data: dict[str, Any], config: MergekitConfig, asked: str | None)
     return mergekit
 
 
-def _output(data: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+def _output(data: dict[str, Any], out: dict[str, Any], writes: str | None) -> dict[str, Any]:
     if "dtype" in out:
         raise RecipeError.for_field(
             "output.dtype", "set by the mergekit config's out_dtype (or dtype), not here"
@@ -175,7 +175,9 @@ def _output(data: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     out_dtype = None
     if data.get("out_dtype") is not None:
         out_dtype = dtype_name(data["out_dtype"], "out_dtype")
-    out["dtype"] = out_dtype or dtype or "source"  # mergekit writes in dtype unless out_dtype
+    widened = writes if dtype != "float64" else None  # float64 stays float64
+    # mergekit writes in dtype unless out_dtype, or where the method widens its results
+    out["dtype"] = out_dtype or widened or dtype or "source"
     if data.get("name") is not None:
         if "name" in out:
             raise RecipeError.for_field("output.name", "the mergekit config's name names it")

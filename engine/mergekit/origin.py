@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engine.mergekit.config import dtype_name
 from engine.mergekit.side_files import donate, write
 from engine.plan.model import MEAN, Plan
 
@@ -51,10 +52,19 @@ class MergekitOrigin:
             "mergekit's in the last bit"
         ]
 
-    def write_side_files(self, plan: Plan, staging: Path, dtype: str) -> list[str]:
+    @property
+    def declared_dtype(self) -> str:
+        """config.json's dtype as mergekit writes it: the config's out_dtype, else its dtype,
+        though the tensors may be wider (a method's `writes`); "source": the donor's own."""
+        for key in ("out_dtype", "dtype"):
+            if self.config.get(key) is not None:
+                return dtype_name(self.config[key], key)
+        return "source"
+
+    def write_side_files(self, plan: Plan, staging: Path) -> list[str]:
         """config.json and the tokenizer's files, as mergekit writes them, into `staging` (after
         apply); the names written."""
-        return write(plan, staging, dtype, self.config.get("chat_template"))
+        return write(plan, staging, self.declared_dtype, self.config.get("chat_template"))
 
     def renamed(self, error: E, *, prefix: str = "") -> E:
         """`error` (an EngineError or ServiceError) naming the mergekit field, under `prefix`,

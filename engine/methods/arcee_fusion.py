@@ -77,5 +77,7 @@ METHOD = Method(
     tags=("arcee_fusion",),
     base="required",
     pair_baseline=False,  # a base and one model, not a pair
-    mergekit=Translation(names=("arcee_fusion",), translate=translate_arcee_fusion),
+    mergekit=Translation(
+        names=("arcee_fusion",), translate=translate_arcee_fusion, writes="float32"
+    ),
 )

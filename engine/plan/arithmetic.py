@@ -19,15 +19,20 @@ _NAMES = {"float32": "F32", "float64": "F64", "bfloat16": "BF16", "float16": "F1
 # Ops whose mergekit counterparts (linear, slerp) compute in float32 from inputs rounded to
 # `dtype`; Layerswap's own linear ops (soups, layer swaps, conversions) are taken as they are.
 FLOAT32_OPS = frozenset({"linear", "weighted_sum", "weighted_mean", "slerp"})
+# Ops whose mergekit result is wider than `dtype` and is written so, not rounded to it:
+# arcee_fusion's base + change·mask with a float32 mask is float32.
+WIDE_RESULTS = frozenset({"arcee_fusion"})
 
 
 @dataclass(frozen=True)
 class TensorArithmetic:
     """How one tensor is computed: `rounded`, the narrow dtype its inputs and result are
-    rounded to (None: none); `compute`, the dtype its operations run in."""
+    rounded to (None: none); `compute`, the dtype its operations run in; `result_rounded`,
+    whether the result is rounded to `rounded` too (else written as computed)."""
 
     rounded: str | None
     compute: str
+    result_rounded: bool = True
 
 
 def compute_dtype(arithmetic: str, dtypes: Iterable[str]) -> str:
@@ -61,7 +66,7 @@ def tensor_arithmetic(plan: Plan, tensor: TensorPlan) -> TensorArithmetic:
     if dtype not in NARROW:
         return TensorArithmetic(None, dtype)
     if tensor.op not in FLOAT32_OPS:
-        return TensorArithmetic(dtype, dtype)
+        return TensorArithmetic(dtype, dtype, tensor.op not in WIDE_RESULTS)
     if set(dtypes) == {dtype} and tensor.dtype == dtype:  # rounding to it changes nothing
         return TensorArithmetic(None, "F32")
     return TensorArithmetic(dtype, "F32")

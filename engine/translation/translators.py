@@ -59,6 +59,10 @@ class Translation:
     translate: Translator  # (config, this) -> the recipe's models, base and params
     parameters: tuple[Parameter, ...] = ()
     base_takes_per_model: bool = True  # False: the base's per-model values are ignored
+    # The dtype mergekit writes the method's tensors in where the config names no out_dtype
+    # (None: the config's `dtype`), when its arithmetic widens every result (arcee_fusion's
+    # float32 mask); a `dtype: float64` keeps float64.
+    writes: str | None = None
 
     @property
     def shared(self) -> frozenset[str]:

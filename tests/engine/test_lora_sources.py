@@ -17,6 +17,7 @@ import yaml
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from engine.io import lora as lora_module
 from layerswap.cli.merge import merge
 from tests.conftest import Family
 from tests.engine.mergekit_parity import mergekit_reply
@@ -231,3 +232,36 @@ def test_a_layerswap_recipe_takes_a_lora_reference(
         torch.bfloat16
     )
     assert not torch.equal(merged[o_proj], plain), "the adapter's change is in the merge"
+
+
+@pytest.mark.parametrize("fan_in_fan_out", [False, True])
+def test_the_update_added_a_block_of_rows_at_a_time_equals_it_added_whole(
+    fan_in_fan_out: bool, llama: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The update goes into a weight a few rows at a time (three here): each adapted weight
+    equals W + scaling·(B @ A) computed whole, with the weight's rows as the product's rows or,
+    fan_in_fan_out, as its columns."""
+    weights = load_file(str(llama.base / "model.safetensors"))
+    generator = torch.Generator().manual_seed(7)
+    tensors = {}
+    for module in ("q_proj", "o_proj"):  # square: the same shape either way round
+        where = f"model.layers.1.self_attn.{module}"
+        rows, columns = weights[f"{where}.weight"].shape
+        # B @ A has the weight's shape, or its transpose's with fan_in_fan_out
+        made, taken = (columns, rows) if fan_in_fan_out else (rows, columns)
+        key = f"base_model.model.{where}"
+        tensors[f"{key}.lora_A.weight"] = torch.randn(4, taken, generator=generator) * 0.1
+        tensors[f"{key}.lora_B.weight"] = torch.randn(made, 4, generator=generator) * 0.1
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file(tensors, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
+    settings = {"peft_type": "LORA", "r": 4, "lora_alpha": 8.0, "use_rslora": False,
+                "target_modules": ["q_proj", "o_proj"], "fan_in_fan_out": fan_in_fan_out,
+                "bias": "none", "use_dora": False, "modules_to_save": None}  # fmt: skip
+    (adapter / "adapter_config.json").write_text(json.dumps(settings))
+    monkeypatch.setattr(lora_module, "_UPDATE_ELEMENTS", 3 * rows)
+    code, stderr, out = run_layerswap(passthrough(f"{llama.base}+{adapter}", llama.num_layers),
+                                      tmp_path)  # fmt: skip
+    assert code == 0, stderr
+    assert rows > 3, "the weight takes several blocks"
+    assert_same(load(out), adapted(llama.base, adapter))

@@ -35,10 +35,6 @@ NAMED_TEMPLATE = (
     "a chat_template named (chatml, llama3, alpaca): Layerswap writes its own text of it, which "
     "renders a conversation as mergekit's does but is another file"
 )
-FUSION_FLOAT32 = (
-    "mergekit writes arcee_fusion's tensors in float32 (holding bfloat16 values) under a "
-    "config.json that says bfloat16, Layerswap in bfloat16"
-)
 MERGEKIT_FAILS = (
     "mergekit 0.1.5 fails on it with a TypeError planning BERT's optional weights (their "
     "aliases are a tuple), while Layerswap merges it"
@@ -51,8 +47,6 @@ def because(*reasons: str) -> str:
 
 # Configs whose outputs differ today, and why. An entry goes when its config comes out equal.
 KNOWN: dict[str, str] = {
-    "06-arcee-fusion-placeholders": FUSION_FLOAT32,
-    "11-arcee-fusion-llama31-local": FUSION_FLOAT32,
     "22-della-epsilon-llama31-local": RANDOM,
     "23-della-linear-lambda-llama31-local": RANDOM,
     "26-passthrough-single-layer-repeats-fp32": MERGEKIT_FAILS,
