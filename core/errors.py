@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.errors import Remedy
+
+# The API's words for what to do about an engine error (its `remedy`); the CLI has its own. An
+# output that exists has none here: the service names its outputs, a caller cannot overwrite one.
+API_ADVICE: dict[Remedy, str] = {
+    "free_space": "free space (DELETE /v1/artifacts/{id}) and submit again",
+}
+
 
 class ServiceError(Exception):
     code = "service_error"

@@ -6,21 +6,40 @@ They are plain data (picklable), so they survive crossing a process or Celery bo
 from __future__ import annotations
 
 import errno
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
+
+# What the caller can do about an error. Each surface says it in its own words (the CLI's
+# flags, the API's endpoints): the message says what went wrong, the surface adds the remedy.
+Remedy = Literal["free_space", "overwrite"]
 
 
 class EngineError(Exception):
     """Base of every error the engine raises on purpose (anything else is a bug)."""
 
     code = "engine_error"
+    remedy: Remedy | None = None
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        remedy: Remedy | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details or {}
+        if remedy is not None:
+            self.remedy = remedy
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.message, self.details))
+        return (_rebuild, (type(self), self.message, self.details, self.remedy))
+
+    def advised(self, advice: Mapping[Remedy, str]) -> str:
+        """The message, then what `advice` (a surface's words for each remedy) says to do."""
+        said = advice.get(self.remedy) if self.remedy is not None else None
+        return f"{self.message}; {said}" if said else self.message
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "details": self.details}
@@ -33,8 +52,10 @@ def quoted(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _rebuild(cls: type[EngineError], message: str, details: dict[str, Any]) -> EngineError:
-    return cls(message, details=details)
+def _rebuild(
+    cls: type[EngineError], message: str, details: dict[str, Any], remedy: Remedy | None
+) -> EngineError:
+    return cls(message, details=details, remedy=remedy)
 
 
 class RecipeError(EngineError):
@@ -71,7 +92,8 @@ class IncompatibleCheckpointsError(EngineError):
 
 
 class OutputError(EngineError):
-    """The output location cannot be used (exists, not writable)."""
+    """The output location cannot be used (exists, not writable); one that exists has the
+    remedy `overwrite`."""
 
     code = "output_error"
 
@@ -91,9 +113,10 @@ class MergeCanceled(EngineError):
 class DiskFull(EngineError):
     """No space left where the job writes (output, side files, caches). Nothing partial stays;
     the job fails with this code instead of being retried, since a retry would fail the same way
-    until space is freed (DELETE /v1/artifacts/{id})."""
+    until space is freed (the remedy `free_space`)."""
 
     code = "disk_full"
+    remedy: Remedy | None = "free_space"
 
     @classmethod
     def at(cls, path: object, what: str) -> DiskFull:

@@ -7,6 +7,7 @@ into place only when complete; any failure or cancellation removes the staging d
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 from engine.errors import (
     DeviceError,
     DiskFull,
+    EngineError,
     MergeCanceled,
     OutputError,
     OutputTooLarge,
@@ -113,7 +115,7 @@ def check_output(out_dir: Path, *, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"{out_dir}: exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputError(f"{out_dir}: already exists and is not empty (use overwrite)")
+        raise OutputError(f"{out_dir}: already exists and is not empty", remedy="overwrite")
 
 
 def execute(
@@ -155,6 +157,9 @@ def execute(
             shutil.rmtree(staging, ignore_errors=True)
             if is_disk_full(e):
                 raise DiskFull.at(out_dir.parent, "the output") from None
+            named = naming_output(e, staging, out_dir) if isinstance(e, EngineError) else e
+            if named is not e:
+                raise named from None
             raise
     return MergeResult(out_dir, files, plan.digest(), manifest, time.monotonic() - started)
 
@@ -171,6 +176,23 @@ def _check_size(plan: Plan, options: MergeOptions) -> int:
     if options.reserve_space is not None:
         options.reserve_space(needed)
     return needed
+
+
+def naming_output(error: EngineError, staging: Path, out_dir: Path) -> EngineError:
+    """`error` as it names the output directory where it named `staging`, the hidden directory
+    the output is written in before it is published (`.<name>.staging-…`): the caller knows the
+    output by its own name, e.g. `<out_dir>/model.safetensors`. `error` itself where it names
+    no file of `staging`."""
+    hidden, shown = str(staging), str(out_dir)
+    details = {k: v.replace(hidden, shown) if isinstance(v, str) else v
+               for k, v in error.details.items()}  # fmt: skip
+    if hidden not in error.message and details == error.details:
+        return error
+    named = copy.copy(error)  # the same kind of error, with all it carries
+    named.message = error.message.replace(hidden, shown)
+    named.args = (named.message,)
+    named.details = details
+    return named
 
 
 def _make_staging(out_dir: Path, staging_tag: str) -> Path:
@@ -331,8 +353,7 @@ def _check_free_space(directory: Path, needed: int) -> None:
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise DiskFull(
-            f"the output needs {needed} bytes but {free} are free in {directory.parent}; "
-            "free space (e.g. DELETE /v1/artifacts/{id}) and submit again",
+            f"the output needs {needed} bytes but {free} are free in {directory.parent}",
             details={"path": str(directory.parent), "needed_bytes": needed, "free_bytes": free},
         )
 

@@ -94,17 +94,24 @@ def recipe_error_from(errors: list[Any], *, skip: int) -> RecipeError:
             message = "unknown field"
         problems.append({"field": ".".join(loc) or "recipe", "message": message})
     # A value that fits no member of a union fails each member; a literal's complaint
-    # ("should be 'uniform'") is the least helpful when the value was a mapping or list.
-    literal = {
-        i
-        for i, item in enumerate(errors)
-        if item["type"] == "literal_error" and not isinstance(item.get("input"), str)
-    }
-    first = min(range(len(problems)), key=lambda i: (i in literal and len(problems) > 1, i))
+    # ("should be 'uniform'") or a scalar's ("should be a valid number") is the least helpful
+    # when the value was a mapping or list (a gradient too long: "at most 256 items").
+    unhelpful = {i for i, item in enumerate(errors) if _unhelpful(item)}
+    first = min(range(len(problems)), key=lambda i: (i in unhelpful and len(problems) > 1, i))
     where = _mentioned_field(problems[first]["message"]) or problems[first]["field"]
     return RecipeError(
         f"{where}: {problems[first]['message']}", details={"field": where, "problems": problems}
     )
+
+
+def _unhelpful(item: Any) -> bool:
+    given = item.get("input")
+    if item["type"] == "literal_error":
+        return not isinstance(given, str)
+    return item["type"] in SCALAR_TYPES and isinstance(given, list | dict)
+
+
+SCALAR_TYPES = frozenset({"float_type", "int_type", "bool_type", "string_type"})
 
 
 def _is_union_tag(part: str | int) -> bool:

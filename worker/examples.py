@@ -3,7 +3,9 @@
 `make_examples(out)` writes a 6-layer Llama base, a "math" task expert (changed mostly in the
 middle layers) and a "swh" language expert (changed mostly at the bottom and top), each a real
 Hugging Face checkpoint that `AutoModelForCausalLM.from_pretrained` loads, plus one recipe YAML
-per method. Experts are simulated as base + seeded gaussian noise scaled per layer.
+per method. Experts are simulated as base + seeded gaussian noise scaled per layer. Their
+config.json says their weights are random (core.evaluation.random_weights), so that an
+evaluation can say why their scores are 0. Larger ones: worker.sized_examples.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from core.evaluation.random_weights import mark_random_weights
 from engine.architectures import Refusal, find_layer_stack
 
 Arch = Literal["llama", "qwen2", "mistral", "gemma"]
@@ -90,10 +93,12 @@ def make_tokenizer(out_dir: Path) -> None:
     wrapped.save_pretrained(str(out_dir))
 
 
-def _config(
+def model_config(
     arch: Arch, *, layers: int, hidden: int, intermediate: int, vocab: int, heads: int,
     kv_heads: int, tie_embeddings: bool, dtype: torch.dtype,
 ) -> Any:  # fmt: skip
+    """A transformers config of `arch` with these sizes and the tokenizer's special token ids."""
+    # transformers: heavy; loaded only when examples are made
     from transformers import GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config
 
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
@@ -111,7 +116,7 @@ def _config(
     )  # fmt: skip
 
 
-def _noise_unit(tensor: torch.Tensor, fallback: float) -> float:
+def noise_unit(tensor: torch.Tensor, fallback: float) -> float:
     """What a perturbation is relative to: the tensor's std, or `fallback` if it is constant.
 
     Constant tensors (norm weights: all ones, or zeros in Gemma) fall back to the model's
@@ -139,7 +144,7 @@ def _perturb(
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
             if scale == 0.0:
                 continue
-            updated = param.to(torch.float32) + noise * (scale * _noise_unit(param, fallback))
+            updated = param.to(torch.float32) + noise * (scale * noise_unit(param, fallback))
             param.copy_(updated.to(param.dtype))
 
 
@@ -187,7 +192,7 @@ def make_checkpoint(
     `shard_size` (e.g. "100KB") shards the weights and writes model.safetensors.index.json.
     """
     if base is None:
-        config = _config(
+        config = model_config(
             arch, layers=layers, hidden=hidden, intermediate=intermediate, vocab=vocab,
             heads=heads, kv_heads=kv_heads, tie_embeddings=tie_embeddings, dtype=dtype,
         )  # fmt: skip
@@ -249,6 +254,11 @@ EXAMPLE_LAYERS = 6
 # Per-layer noise (relative to each tensor's std): math changes the middle, swh the ends.
 MATH_SCALE = (0.01, 0.06, 0.08, 0.08, 0.06, 0.01)
 SWH_SCALE = (0.08, 0.02, 0.01, 0.01, 0.02, 0.08)
+# expert -> (seed, per-layer noise, noise of the other tensors), both relative to the tensor's std
+EXPERTS: dict[str, tuple[int, tuple[float, ...], float]] = {
+    "math": (1, MATH_SCALE, 0.01),
+    "swh": (2, SWH_SCALE, 0.03),
+}
 
 _HEADER = "# Paths are relative to this file. Try: layerswap merge {name}.yaml --out out-{name}\n"
 _OUTPUT = "output: {dtype: source, shard_size: 2GB}\n"
@@ -284,12 +294,23 @@ def make_examples(out_dir: Path) -> dict[str, Path]:
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"base": make_checkpoint(out_dir / "base", layers=EXAMPLE_LAYERS, seed=0)}
-    paths["math"] = make_checkpoint(
-        out_dir / "math", base=paths["base"], seed=1, layer_scale=MATH_SCALE, non_layer_scale=0.01
-    )
-    paths["swh"] = make_checkpoint(
-        out_dir / "swh", base=paths["base"], seed=2, layer_scale=SWH_SCALE, non_layer_scale=0.03
-    )
+    for name, (seed, layer_scale, non_layer_scale) in EXPERTS.items():
+        paths[name] = make_checkpoint(
+            out_dir / name,
+            base=paths["base"],
+            seed=seed,
+            layer_scale=layer_scale,
+            non_layer_scale=non_layer_scale,
+        )
+    return paths | write_recipes(out_dir, checkpoints=paths)
+
+
+def write_recipes(out_dir: Path, *, checkpoints: dict[str, Path]) -> dict[str, Path]:
+    """Mark the checkpoints as random weights, then write one recipe YAML per method and the
+    evaluation rows beside them; returns their paths keyed by recipe name and "eval-data"."""
+    for path in checkpoints.values():
+        mark_random_weights(path)
+    paths = {}
     for name, body in RECIPES.items():
         path = out_dir / f"{name}.yaml"
         path.write_text(_HEADER.format(name=name) + body + _OUTPUT, encoding="utf-8")

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from core import jobs
 from core.db.models import Artifact, Job, utcnow
 from core.db.session import Database
-from core.errors import ServiceError
+from core.errors import API_ADVICE, ServiceError
 from core.evaluations import follow_up_evaluation
 from core.hub import timeouts as hub_timeouts
 from core.hub.credentials import token_for
@@ -149,7 +149,7 @@ def _unexpected(job_id: str, error: Exception) -> dict[str, Any]:
     full = _disk_full(error)
     if full is not None:  # outside the engine: analysis files, removing, adopting outputs
         log.warning("job %s: %s", job_id, full.message)
-        return full.to_dict()
+        return _error_dict(full)
     log.exception("job %s failed unexpectedly", job_id)
     return {"code": "internal_error", "message": "unexpected error; see the worker log"}
 
@@ -167,7 +167,9 @@ def _disk_full(error: BaseException) -> DiskFull | None:
 
 
 def _error_dict(error: EngineError | ServiceError) -> dict[str, Any]:
-    return {"code": error.code, "message": error.message, "details": error.details}
+    """The job's error as the API shows it: an engine error's remedy in the API's words."""
+    message = error.advised(API_ADVICE) if isinstance(error, EngineError) else error.message
+    return {"code": error.code, "message": message, "details": error.details}
 
 
 def _finish(db: Database, lease: JobLease, status: str, settings: Settings, **values: Any) -> None:

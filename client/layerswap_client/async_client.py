@@ -14,7 +14,7 @@ import httpx
 from layerswap_client import _retry
 from layerswap_client.client import DEFAULT_URL, parse_sse
 from layerswap_client.errors import WaitTimeout
-from layerswap_client.models import Artifact, Event, Job, Sweep
+from layerswap_client.models import Artifact, Event, Job, Method, Sweep
 
 
 class AsyncClient:
@@ -88,6 +88,10 @@ class AsyncClient:
 
     async def get(self, path: str, **params: Any) -> Any:
         return (await self.request("GET", path, params=params)).json()
+
+    async def methods(self) -> list[Method]:
+        """As Client.methods: GET /v1/methods."""
+        return [Method.model_validate(m) for m in await self.get("/v1/methods")]
 
 
 class AsyncJobs:

@@ -20,6 +20,7 @@ from layerswap_client.models import (
     Artifact,
     Event,
     Job,
+    Method,
     Sweep,
     WebhookDelivery,
     WebhookEndpoint,
@@ -103,6 +104,10 @@ class Client:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params).json()
+
+    def methods(self) -> list[Method]:
+        """The merge methods the service offers, with their params (GET /v1/methods)."""
+        return [Method.model_validate(m) for m in self.get("/v1/methods")]
 
     def pages(self, path: str, **params: Any) -> Iterator[Any]:
         """Every item of a cursor-paginated list, fetched a page at a time as you iterate."""

@@ -81,6 +81,20 @@ class Artifact(_Model):
     files: dict[str, str] | list[Any] = {}
 
 
+class Method(_Model):
+    """A merge method as GET /v1/methods describes it: its params as JSON Schema (each with
+    `type_name`, `varies_by_layer`, `per_model`, `bounds`), and the mergekit methods it answers
+    to (None: none)."""
+
+    method: str
+    summary: str = ""
+    formula: str = ""
+    needs_base: bool = False
+    params: dict[str, Any] = {}
+    required: list[str] = []
+    mergekit: dict[str, Any] | None = None
+
+
 class WebhookEndpoint(_Model):
     id: str
     url: str

@@ -12,6 +12,7 @@ translates at submit.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from engine.mergekit.config import (
     recipe_slices,
     whole_models,
 )
+from engine.mergekit.fields import mergekit_field
 from engine.mergekit.origin import MergekitOrigin
 from engine.mergekit.tokenizer import tokenizer_source
 from engine.methods import Method, mergekit_methods
@@ -83,7 +85,7 @@ def translate(
     fields = _source_fields(config, recipe, restacked=restacked)
     if tokenizer is not None:
         fields["tokenizer_source"] = tokenizer
-    parsed = _parse(recipe, fields)
+    parsed = _parse(recipe, lambda where: mergekit_field(where, config, translation, fields))
     origin = MergekitOrigin(
         _recorded(data),
         tuple(config.warnings),
@@ -211,16 +213,16 @@ def _source_fields(
     return fields
 
 
-def _parse(recipe: dict[str, Any], fields: dict[str, str]) -> Recipe:
-    """parse_recipe, its errors named by the mergekit field where there is one (a check the
-    translators missed names the recipe's field, saying so)."""
+def _parse(recipe: dict[str, Any], field_of: Callable[[str], str | None]) -> Recipe:
+    """parse_recipe, its errors named by the mergekit field (`field_of` the recipe's) where
+    there is one (a check the translators missed names the recipe's field, saying so)."""
     try:
         return parse_recipe(recipe)
     except RecipeError as e:
         where = str(e.details.get("field", "recipe"))
         problem = e.message.removeprefix(f"{where}: ")
-        if where in fields:
-            raise RecipeError.for_field(fields[where], problem) from None
+        if (theirs := field_of(where)) is not None:
+            raise RecipeError.for_field(theirs, problem) from None
         if where == "output.name" and "name" in recipe["output"]:
             raise RecipeError.for_field("name", problem) from None
         if where.startswith("output.") or where == "credential":

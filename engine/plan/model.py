@@ -165,7 +165,11 @@ class LayerRow:
 
     layer: str  # "0".."L-1" or "non-layer"
     origin: str
-    terms: str
+    parts: tuple[str, ...]  # what it is made from: one, or one per module (`mlp: ...`)
+
+    @property
+    def terms(self) -> str:
+        return "; ".join(self.parts)
 
 
 # AlignedVocabulary.fill: an input index (that input's row), or one of these
@@ -253,31 +257,40 @@ class Plan:
         return " + ".join(f"{c.coefficient:.4g}×{self.inputs[c.source].label}" for c in terms)
 
     def layer_rows(self) -> list[LayerRow]:
-        """Per-layer provenance: every tensor of a layer shares one origin, so show the first."""
-        seen: dict[int | None, LayerRow] = {}
+        """Per-layer provenance: what a layer's tensors are made from; where its modules differ
+        (a setting with filters: self_attn at one t, mlp at another), each module's."""
+        made: dict[int | None, dict[str, dict[str, None]]] = {}  # layer -> terms -> modules
         origins: dict[int | None, set[str]] = {}
         for t in self.tensors:
             origins.setdefault(t.layer, set()).add(t.origin)
-            if t.layer not in seen:
-                label = "non-layer" if t.layer is None else str(t.layer)
-                terms = self.describe_terms(t.terms)
-                if t.op in ("ties", "task_arithmetic") and self.ties is not None:
-                    terms = f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
-                if t.op == "sparsify" and self.sparsify is not None:
-                    base = self.inputs[self.sparsify.base].label
-                    terms = f"{self.method}(base={base}; {terms})"
-                seen[t.layer] = LayerRow(label, t.origin, terms)
-        rows = [seen[i] for i in sorted(k for k in seen if k is not None)]
-        if None in seen:
-            rows.append(seen[None])
-        return [LayerRow(r.layer, "/".join(sorted(origins[_key(r)])), r.terms) for r in rows]
+            modules = made.setdefault(t.layer, {}).setdefault(self._made_from(t), {})
+            modules[_module(t.name, t.layer)] = None
+        order = sorted(k for k in made if k is not None) + ([None] if None in made else [])
+        return [
+            LayerRow(
+                "non-layer" if layer is None else str(layer),
+                "/".join(sorted(origins[layer])),
+                _by_module(made[layer]),
+            )
+            for layer in order
+        ]
+
+    def _made_from(self, t: TensorPlan) -> str:
+        terms = self.describe_terms(t.terms)
+        if t.op in ("ties", "task_arithmetic") and self.ties is not None:
+            return f"{t.op}(base={self.inputs[self.ties.base].label}; {terms})"
+        if t.op == "sparsify" and self.sparsify is not None:
+            return f"{self.method}(base={self.inputs[self.sparsify.base].label}; {terms})"
+        return terms
 
     def table(self) -> str:
         rows = self.layer_rows()
         width = max(len(r.layer) for r in rows)
         owidth = max(len(r.origin) for r in rows)
         lines = [f"{'layer':<{width}}  {'origin':<{owidth}}  made from"]
-        lines += [f"{r.layer:<{width}}  {r.origin:<{owidth}}  {r.terms}" for r in rows]
+        for r in rows:  # a layer whose modules differ: one line each
+            lines.append(f"{r.layer:<{width}}  {r.origin:<{owidth}}  {r.parts[0]}")
+            lines += [f"{'':<{width}}  {'':<{owidth}}  {part}" for part in r.parts[1:]]
         lines.append(
             f"{len(self.tensors)} tensors, {self.total_bytes / 1e9:.3f} GB in "
             f"{len(self.shards)} shard(s); "
@@ -324,8 +337,20 @@ class Plan:
             checkpoint.close()
 
 
-def _key(row: LayerRow) -> int | None:
-    return None if row.layer == "non-layer" else int(row.layer)
+def _module(name: str, layer: int | None) -> str:
+    """The module a tensor belongs to: `self_attn` of model.layers.3.self_attn.q_proj.weight,
+    `embed_tokens` of model.embed_tokens.weight."""
+    if layer is not None and f".{layer}." in name:
+        return name.split(f".{layer}.", 1)[1].split(".", 1)[0]
+    parts = name.split(".")
+    return parts[-2] if len(parts) > 1 else name
+
+
+def _by_module(made: dict[str, dict[str, None]]) -> tuple[str, ...]:
+    """One description when all of a layer's modules are made alike, else each module's."""
+    if len(made) == 1:
+        return tuple(made)
+    return tuple(f"{', '.join(modules)}: {terms}" for terms, modules in made.items())
 
 
 def _tensor_dict(t: TensorPlan) -> dict[str, Any]:

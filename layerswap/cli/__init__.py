@@ -26,7 +26,7 @@ COMMANDS = {
     "merge": ("layerswap.cli.merge:merge", "Merge the checkpoints a recipe names."),
     "evaluate": ("layerswap.cli.evaluate:evaluate", "Evaluate a checkpoint with lm-eval."),
     "analyze": ("layerswap.cli.analyze:analyze", "Delta analysis of experts against their base."),
-    "examples": ("layerswap.cli.analyze:examples", "Create tiny example checkpoints and recipes."),
+    "examples": ("layerswap.cli.analyze:examples", "Create example checkpoints and recipes."),
     "serve": ("layerswap.cli.serve:serve", "Run the HTTP API."),
     "worker": ("layerswap.cli.celery_worker:worker", "Run a Celery worker."),
     "keys": ("layerswap.cli.admin:keys", "API keys."),

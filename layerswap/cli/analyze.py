@@ -1,13 +1,18 @@
 """`layerswap analyze` (delta analysis of experts against their base) and `layerswap examples`
-(tiny checkpoints to try everything on)."""
+(checkpoints to try everything on: tiny, or of a given size)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
+from tqdm import tqdm
 
 from engine.analysis.files import write_analysis
+from engine.schema.parts import parse_size
 from layerswap.cli.common import engine_errors
 
 
@@ -61,13 +66,67 @@ def _labelled(spec: str) -> tuple[str, Path]:
     return Path(spec).name, Path(spec)
 
 
+class SizeParam(click.ParamType[int | None, str | int]):
+    """`tiny` or `default` (None: the tiny examples), else a size such as 500MB or 1GB."""
+
+    name = "size"
+
+    def convert(
+        self, value: str | int, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value in ("tiny", "default"):
+            return None
+        if isinstance(value, int):
+            return value
+        from worker.sized_examples import shape_for  # imports torch: only when making examples
+
+        try:
+            size = parse_size(value)
+            shape_for(size)
+        except ValueError as e:
+            self.fail(f"{e}; give tiny, or a size such as 500MB, 1GB, 4GB", param, ctx)
+        return size
+
+
 @click.command()
 @click.argument("out_dir", type=click.Path(path_type=Path, file_okay=False))
-def examples(out_dir: Path) -> None:
-    """Create tiny example checkpoints (base, math, swh) and one recipe per method."""
-    from worker.examples import make_examples  # imports torch: only when making examples
+@click.option(
+    "--size",
+    type=SizeParam(),
+    help="tiny (the default: 6 layers, under 1 MB each), or about how large each checkpoint is "
+    "(e.g. 500MB, 1GB, 4GB): more and wider layers, written one tensor at a time.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def examples(out_dir: Path, size: int | None, quiet: bool) -> None:
+    """Create example checkpoints (base, math, swh) and one recipe per method."""
+    # both import torch: only when making examples
+    from worker.examples import make_examples
+    from worker.sized_examples import make_sized_examples
 
-    made = make_examples(out_dir)
+    if size is None:
+        made = make_examples(out_dir)
+    else:
+        with _bars(disabled=quiet) as progress:
+            made = make_sized_examples(out_dir, size, on_progress=progress)
     for name, path in made.items():
         click.echo(f"{name:>28}  {path}")
     click.echo(f"try: layerswap merge {out_dir}/layer_swap.yaml --out {out_dir}/merged")
+
+
+@contextmanager
+def _bars(*, disabled: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar per checkpoint, in bytes written."""
+    bars: dict[str, tqdm[Any]] = {}
+
+    def update(name: str, written: int, total: int) -> None:
+        if name not in bars:
+            for bar in bars.values():
+                bar.close()
+            bars[name] = tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=disabled)
+        bars[name].update(written)
+
+    try:
+        yield update
+    finally:
+        for bar in bars.values():
+            bar.close()

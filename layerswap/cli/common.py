@@ -15,8 +15,15 @@ from tqdm import tqdm
 
 from core.hub.credentials import token_for
 from core.settings import Settings
-from engine.errors import DeviceError, EngineError
+from engine.errors import DeviceError, EngineError, Remedy
 from engine.merge import resolve_device
+
+# The command line's words for what to do about an engine error (its `remedy`); the API has its own.
+CLI_ADVICE: dict[Remedy, str] = {
+    "free_space": "free space on that disk (or remove output directories you no longer need) "
+    "and run again",
+    "overwrite": "pass --overwrite to replace it",
+}
 
 
 def fail(code: str, message: str, status: int) -> NoReturn:
@@ -31,7 +38,7 @@ def engine_errors() -> Iterator[None]:
     try:
         yield
     except EngineError as e:
-        fail(e.code, e.message, 1)
+        fail(e.code, e.advised(CLI_ADVICE), 1)
     except KeyboardInterrupt:
         click.echo("layerswap: interrupted; no output was left behind", err=True)
         sys.exit(130)

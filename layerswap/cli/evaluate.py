@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from core.errors import ServiceError
+from core.evaluation.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
 from core.evaluation.results import write_samples
 from core.evaluation.runner import Outcome
 from core.evaluation.runner import evaluate as run_evaluation
@@ -73,6 +74,8 @@ def evaluate(
     if samples is not None:
         write_samples(outcome.samples, samples)
     click.echo(results_table(outcome.scores))
+    if has_random_weights(model_dir):
+        click.echo(RANDOM_WEIGHTS_NOTE)
     click.echo(f"lm-eval {outcome.lm_eval_version}; {outcome.seconds:.1f} s")
 
 

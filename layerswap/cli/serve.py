@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import errno
 import os
+import socket
 from typing import Any
 
 import click
@@ -30,6 +32,7 @@ from service.tracebacks import BoundedFormatter
 def serve(host: str | None, port: int | None, workers: int) -> None:
     """Run the HTTP API; with no configuration, on the embedded default (SQLite, in-process)."""
     settings = load_settings(host=host, port=port)
+    check_port(settings)
     check_merge_device(settings)  # the in-process executor merges here
     if workers > 1 and settings.database.startswith("sqlite"):
         fail(
@@ -58,6 +61,25 @@ def serve(host: str | None, port: int | None, workers: int) -> None:
         "layerswap.app:app_from_environment", factory=True, workers=workers,
         **server_options(settings),
     )  # fmt: skip
+
+
+def check_port(settings: Settings) -> None:
+    """A port another process holds stops the start in one line, before the migrations and
+    the imports of the app, instead of uvicorn's "address already in use" after them."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                fail(
+                    "port_taken",
+                    f"port {settings.port} is taken (by another process); "
+                    "set --port / LAYERSWAP_PORT=<another port>",
+                    2,
+                )
+            fail("invalid_settings", f"cannot listen on {settings.host}:{settings.port}: {e}", 2)
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException
 
-from core.errors import ServiceError
+from core.errors import API_ADVICE, ServiceError
 from core.hub.errors import HubError
 from engine.errors import (
     CheckpointError,
@@ -103,7 +103,7 @@ async def _service_error(request: Request, e: ServiceError) -> JSONResponse:
 
 async def _engine_error(request: Request, e: EngineError) -> JSONResponse:
     shown = exposure_of(request)
-    message, details = shown.text(e.message), shown.value(e.details)
+    message, details = shown.text(e.advised(API_ADVICE)), shown.value(e.details)
     if isinstance(e, HubError):  # at submit time: pinning a source to its commit
         retry = 30 if e.http_status == 503 else None
         return error_response(e.http_status, e.code, message, details, retry_after=retry)

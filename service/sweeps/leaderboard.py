@@ -260,7 +260,15 @@ def to_markdown(board: dict[str, Any]) -> str:
             f"| {row['rank']} | {row['config']} | {row['mean']:.4f} | {row['min']:.4f} | "
             f"{row['max']:.4f} | {stderr} | {ci} | {p} | {told} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _experts_markdown(board)) + "\n"
+
+
+def _experts_markdown(board: dict[str, Any]) -> list[str]:
+    """The `experts` baseline: each expert's own score, the bar a merge has to clear."""
+    if not board["experts"]:
+        return []
+    lines = ["", "Experts alone (the `experts` baseline):", "", "| expert | score |", "|---|---:|"]
+    return lines + [f"| {source} | {value:.4f} |" for source, value in board["experts"].items()]
 
 
 def to_png(board: dict[str, Any], pairs: list[Any]) -> bytes:

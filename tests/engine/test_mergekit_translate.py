@@ -571,7 +571,7 @@ def test_sparsifying_refusals() -> None:
     refused(unweighted, "models.1.parameters.weight", "required")
     refused({**sparse_config("dare_linear"), "base_model": None}, "base_model", "required")
     spread = sparse_config("della", epsilon=0.4)
-    refused(spread, "merge_method", "params.epsilon")  # density 0.3 ± 0.4 leaves (0, 1)
+    refused(spread, "parameters.epsilon", "density ± epsilon")  # 0.3 ± 0.4 leaves (0, 1)
 
 
 # -- methods ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from core.evaluation.random_weights import RANDOM_WEIGHTS_NOTE
 from tests.evaluation.conftest import CHOICE_TASK, MAX_GEN_TOKS, TASK, ChoiceTask, Model
 from tests.test_cli import layerswap
 
@@ -38,8 +39,22 @@ def test_evaluate_prints_the_scores_and_writes_the_samples(
     acc = rows[(CHOICE_TASK, "none", "acc")]
     assert float(acc[4]) == round(sum(choice_task.right) / len(choice_task.right), 4)
     assert "evaluating" in done.stderr  # the progress bar
+    assert "random weights" not in done.stdout  # a model made for these answers: no note
     records = [json.loads(line) for line in samples.read_text().splitlines()]
     assert {r["task"] for r in records} == {TASK, CHOICE_TASK}
+
+
+def test_evaluate_says_why_the_examples_score_0(examples: Path, tmp_path: Path) -> None:
+    """The example experts' config.json marks their weights random: the note under the table."""
+    done = layerswap(
+        "evaluate", examples / "swh", "--tasks", TASK, "--limit", 2, "--num-fewshot", 0,
+        "--max-gen-toks", MAX_GEN_TOKS, "--data-dir", examples / "eval-data", "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert float(table_rows(done.stdout)[(TASK, "remove_whitespace", "exact_match")][4]) == 0
+    lines = done.stdout.splitlines()
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert lines[last_row + 1] == RANDOM_WEIGHTS_NOTE, done.stdout  # right under the table
 
 
 def test_evaluate_refuses_bad_input_clearly(tiny_model: Model, tmp_path: Path) -> None:
