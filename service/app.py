@@ -4,8 +4,8 @@ its caller chose (layerswap/app.py: local or celery).
 The API's description (/docs, /redoc, /openapi.json, and /v1/methods in meta.py) answers without
 a key, auth on or off: it is made from the code alone, the same for every deployment and tenant,
 and a client reads it before it holds a key. So do the web console's static files (/ui/,
-service/api/console.py). Every other route needs a tenant's key, /metrics the
-operator's token (tests/service/test_api_security.py enumerates the routes)."""
+service/api/console.py). Every other route needs a tenant's key, /metrics and
+/v1/executor the operator's token (tests/service/test_api_security.py enumerates the routes)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from service.api import (
     jobs,
     merges,
     meta,
+    monitor,
     reference,
     sweeps,
     webhooks,
@@ -72,7 +73,7 @@ def create_app(settings: Settings, *, executor: Executor, db: Database | None = 
     # POST /v1/merges takes the recipes of the methods registered now (engine.methods.register)
     app.include_router(jobs.router)
     app.include_router(merges.submit_router())
-    for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta):
+    for module in (merges, artifacts, analyses, evaluations, sweeps, webhooks, meta, monitor):
         app.include_router(module.router)
     app.router.routes.append(console.mount())  # the web console: static files, no key
     reference.install(app)

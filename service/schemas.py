@@ -175,6 +175,35 @@ class JobPage(BaseModel):
     next_cursor: str | None
 
 
+class JobSummary(BaseModel):
+    """A row of GET /v1/jobs: any kind of job, or a sweep."""
+
+    id: str
+    kind: str
+    status: str
+    stage: str | None
+    name: str | None
+    method: str | None = Field(
+        description="a merge's method; an evaluation's first task, an analysis's base model, "
+        "a sweep's objective task"
+    )
+    progress: dict[str, Any]
+    error: dict[str, Any] | None
+    sweep_id: str | None
+    created_at: UtcTime
+    started_at: UtcTime | None
+    finished_at: UtcTime | None
+    duration_s: float | None = Field(description="started to finished; null until it ends")
+    url: str = Field(description="its own route")
+
+
+class JobSummaryPage(BaseModel):
+    items: list[JobSummary]
+    total: int = Field(description="every job the filters match (not only this page's)")
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
+    prev_cursor: str | None = Field(description="pass as `before` for the page before")
+
+
 class EventRead(BaseModel):
     id: int
     type: str

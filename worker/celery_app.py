@@ -131,14 +131,29 @@ def waiting_job_ids(app: Celery) -> set[str]:
     ids: set[str] = set()
     with app.connection_for_read() as connection:
         channel: Any = connection.default_channel
-        keys = [
-            channel._q_for_pri(queue, pri) for queue in QUEUES for pri in channel.priority_steps
-        ]
+        keys = [key for queue in QUEUES for key in _queue_keys(channel, queue)]
         with channel.conn_or_acquire() as client:
             for key in dict.fromkeys(keys):
                 ids.update(_job_id(raw) for raw in client.lrange(key, 0, -1))
     ids.discard("")
     return ids
+
+
+def queue_lengths(app: Celery) -> dict[str, int]:
+    """Messages waiting in each queue (all its priority levels), delivered ones not counted.
+    Raises (kombu/redis errors) when the broker cannot be reached."""
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        with channel.conn_or_acquire() as client:
+            return {
+                queue: sum(int(client.llen(key)) for key in _queue_keys(channel, queue))
+                for queue in QUEUES
+            }
+
+
+def _queue_keys(channel: Any, queue: str) -> list[str]:
+    """The Redis lists holding a queue's messages: one per priority level kombu keeps."""
+    return list(dict.fromkeys(channel._q_for_pri(queue, pri) for pri in channel.priority_steps))
 
 
 def _job_id(raw: bytes | str) -> str:

@@ -8,6 +8,7 @@ import queue
 import threading
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from kombu.exceptions import OperationalError
 
@@ -15,7 +16,7 @@ from core import jobs
 from core.db.models import utcnow
 from core.db.session import Database
 from core.settings import Settings
-from worker.celery_app import TASK_NAME, make_celery, queue_for, waiting_job_ids
+from worker.celery_app import TASK_NAME, make_celery, queue_for, queue_lengths, waiting_job_ids
 from worker.pipeline import run_job
 
 log = logging.getLogger("layerswap.executor")
@@ -59,6 +60,14 @@ class LocalExecutor:
             waiting = {job_id for job_id in self._queue.queue if job_id is not None}
         current = self._current
         return waiting | ({current} if current else set())
+
+    def health(self) -> dict[str, Any]:
+        """Its worker thread and the jobs waiting for it (GET /v1/executor)."""
+        with self._queue.mutex:
+            waiting = sum(1 for job_id in self._queue.queue if job_id is not None)
+        thread = self._thread
+        worker = {"name": thread.name, "alive": thread.is_alive(), "job_id": self._current}
+        return {"executor": "local", "workers": [worker], "queues": {"local": waiting}}
 
     def stop(self) -> None:
         """The running job, if any, stops and goes back to the queue (worker/stopping.py),
@@ -121,6 +130,26 @@ class CeleryExecutor:
             except unreachable:
                 return False
         return True
+
+    def health(self) -> dict[str, Any]:
+        """The broker's queue lengths (None while it cannot be reached) and the job ids not
+        yet sent to it (GET /v1/executor). Workers are not asked: they take no remote control
+        (worker/celery_app.py); the jobs they run show their heartbeats instead."""
+        with self._outbox.mutex:
+            unsent = sum(1 for item in self._outbox.queue if item is not None)
+        lengths: dict[str, int] | None = None
+        if self.broker_reachable():
+            try:
+                lengths = queue_lengths(self.app)
+            except Exception as e:  # boundary: the broker went away since, whatever it raises
+                log.warning("queue lengths unknown: %s", e)
+        return {
+            "executor": "celery",
+            "workers": None,
+            "queues": lengths,
+            "unsent": unsent,
+            "broker": "ok" if lengths is not None else "unreachable",
+        }
 
     def pending(self) -> set[str]:
         with self._outbox.mutex:

@@ -1,4 +1,4 @@
-"""/v1/analyses: the engine's delta analysis as a job; its JSON and heatmap PNG."""
+"""/v1/analyses: the engine's delta analysis as a job; its JSON and heatmap PNG, and its events."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from core.lineage import analysis_dir, get_artifact
 from core.sources import resolve_source
 from service.api import polling
 from service.api.deps import ContextDep, TenantDep
+from service.api.events import add_events_route
 from service.api.polling import CONDITIONAL, WaitQuery
 from service.exposure import exposure_for
 from service.schemas import AnalysisCreate, JobRead, JobView, job_read
@@ -50,6 +51,9 @@ async def get_analysis(
         view=lambda job: shown.job(job_read(job)), wait=wait,
         reusable=lambda _: True,  # job_read shows the job's row alone
     )  # fmt: skip
+
+
+add_events_route(router, kind="analysis")  # before /{job_id}/{filename}, which would match it
 
 
 @router.get(

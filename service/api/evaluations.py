@@ -1,5 +1,5 @@
 """/v1/evaluations: evaluate a model (an artifact, a local source or a Hub model) with lm-eval;
-read the scores and the per-sample records; cancel. Scores of an artifact:
+read the scores, the per-sample records and the events; cancel. Scores of an artifact:
 /v1/artifacts/{id}/evaluations."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from core.evaluations import (
 )
 from service.api import polling
 from service.api.deps import ContextDep, TenantDep
+from service.api.events import add_events_route
 from service.api.polling import CONDITIONAL, WaitQuery
 from service.exposure import exposure_for
 from service.schemas import JobPage, JobRead, JobView, job_read
@@ -134,3 +135,6 @@ def evaluation_samples(job_id: str, context: ContextDep, tenant: TenantDep) -> F
             details={"reused": reused},
         )
     return FileResponse(path, media_type="application/x-ndjson", filename=f"{job_id}-samples.jsonl")
+
+
+add_events_route(router, kind="evaluation")

@@ -165,12 +165,16 @@ BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0)
 
 
 def duration_seconds(dialect: str) -> ColumnElement[float]:
-    """finished_at - started_at in seconds, in SQL. SQLite's julianday counts whole
+    """A job's finished_at - started_at in seconds, in SQL."""
+    return seconds_between(dialect, Job.started_at, Job.finished_at)
+
+
+def seconds_between(dialect: str, start: Any, end: Any) -> ColumnElement[float]:
+    """end - start in seconds, in SQL (NULL when either is). SQLite's julianday counts whole
     milliseconds; rounding to them removes the float noise of the day fraction."""
     if dialect == "sqlite":
-        days = func.julianday(Job.finished_at) - func.julianday(Job.started_at)
-        return func.round(days * 86400.0, 3)
-    return cast(extract("epoch", Job.finished_at - Job.started_at), Float)
+        return func.round((func.julianday(end) - func.julianday(start)) * 86400.0, 3)
+    return cast(extract("epoch", end - start), Float)
 
 
 def duration_histogram(dialect: str) -> Select[*tuple[Any, ...]]:

@@ -4,21 +4,26 @@
 import { ApiError, forgetKey, rememberKey, storedKey } from "./api.js";
 import { failure, h } from "./dom.js";
 import * as analysis from "./pages/analysis.js";
+import * as compare from "./pages/compare.js";
 import * as create from "./pages/create.js";
 import * as evaluation from "./pages/evaluation.js";
+import * as executor from "./pages/executor.js";
 import * as jobs from "./pages/jobs.js";
 import * as lineage from "./pages/lineage.js";
 import * as merge from "./pages/merge.js";
 import * as sweep from "./pages/sweep.js";
 
+// [the route, its page, what the page shows (its heading when the API has no such thing)]
 const ROUTES = [
-  [/^\/jobs$/, jobs],
-  [/^\/merges\/(\w+)$/, merge],
-  [/^\/evaluations\/(\w+)$/, evaluation],
-  [/^\/analyses\/(\w+)$/, analysis],
-  [/^\/sweeps\/(\w+)$/, sweep],
-  [/^\/artifacts\/(\w+)\/lineage$/, lineage],
-  [/^\/new\/(merge|evaluation|sweep)$/, create],
+  [/^\/jobs$/, jobs, "Page"],
+  [/^\/compare$/, compare, "Job"],
+  [/^\/merges\/(\w+)$/, merge, "Merge"],
+  [/^\/evaluations\/(\w+)$/, evaluation, "Evaluation"],
+  [/^\/analyses\/(\w+)$/, analysis, "Analysis"],
+  [/^\/sweeps\/(\w+)$/, sweep, "Sweep"],
+  [/^\/artifacts\/(\w+)\/lineage$/, lineage, "Artifact"],
+  [/^\/new\/(merge|evaluation|sweep)$/, create, "Page"],
+  [/^\/executor$/, executor, "Page"],
 ];
 
 const main = document.getElementById("view");
@@ -34,24 +39,26 @@ async function show() {
   current = new AbortController();
   const { signal } = current;
   const { path, params } = parse();
-  const found = ROUTES.map(([pattern, page]) => [path.match(pattern), page]).find(([m]) => m);
+  const found = ROUTES.map(([pattern, page, what]) => [path.match(pattern), page, what]).find(([m]) => m);
   main.replaceChildren();
   main.setAttribute("aria-busy", "true");
   document.querySelectorAll("nav a").forEach((a) => {
     a.toggleAttribute("aria-current", path.startsWith(a.getAttribute("href").slice(1)));
   });
   if (!found) {
-    main.append(h("h1", {}, "Not found"), h("p", {}, `No page at ${path}.`));
+    main.append(...notFound("Page", `No page at ${path}.`));
     main.removeAttribute("aria-busy");
     return;
   }
-  const [match, page] = found;
+  const [match, page, what] = found;
   try {
     await page.render({ main, id: match[1], params, signal });
   } catch (error) {
     if (signal.aborted) return;
     if (error instanceof ApiError && error.status === 401) return; // the key prompt is shown
-    main.append(failure(error));
+    // A 404 before the page drew anything: what the page shows is not there.
+    const missing = error instanceof ApiError && error.status === 404 && !main.childElementCount;
+    main.append(...(missing ? notFound(what, error.message) : [failure(error)]));
   } finally {
     if (!signal.aborted) {
       main.removeAttribute("aria-busy");
@@ -59,6 +66,15 @@ async function show() {
     }
   }
   main.focus({ preventScroll: true });
+}
+
+/** A page for what is not there: what (a merge, an artifact…), the API's words, the way back. */
+function notFound(what, message) {
+  return [
+    h("h1", {}, `${what} not found`),
+    h("p", { class: "error", role: "alert" }, message),
+    h("p", {}, h("a", { href: "#/jobs" }, "Back to the jobs list")),
+  ];
 }
 
 /** With auth on: ask for a key (kept in this tab's sessionStorage), then show the page. */

@@ -40,7 +40,8 @@ export function barChart({ groups, series, references = [], best = -1, yLabel = 
     ...series.flatMap((one) => one.values.map((v, i) => (v ?? 0) + (one.errors[i] || 0))),
     ...references.map((r) => r.value),
   ].filter((v) => v !== null && !Number.isNaN(v));
-  const top = Math.max(0.05, ...values) * 1.1;
+  const highest = Math.max(0, ...values);
+  const { top, digits } = yScale(highest);
   const y = (value) => margin.top + plotH - (value / top) * plotH;
   const band = plotW / Math.max(1, groups.length);
   const barW = (band * 0.8) / Math.max(1, series.length);
@@ -50,14 +51,16 @@ export function barChart({ groups, series, references = [], best = -1, yLabel = 
     const value = (top * i) / 4;
     svg.append(
       s("line", { class: "gridline", x1: margin.left, x2: margin.left + plotW, y1: y(value), y2: y(value) }),
-      s("text", { x: margin.left - 6, y: y(value) + 4, "text-anchor": "end" }, value.toFixed(2)),
+      s("text", { x: margin.left - 6, y: y(value) + 4, "text-anchor": "end", class: "tick" },
+        value.toFixed(digits)),
     );
   }
   groups.forEach((group, g) => {
     const x0 = margin.left + g * band + band * 0.1;
-    if (g === best) {
-      svg.append(s("rect", { class: "best", x: x0 - 3, y: margin.top, width: band * 0.8 + 6,
-        height: plotH, fill: "none", "data-best": group }));
+    const tallest = Math.max(0, ...series.map((one) => (one.values[g] ?? 0) + (one.errors[g] || 0)));
+    if (g === best && tallest > 0) { // around the best group's bars; none where all are 0
+      svg.append(s("rect", { class: "best", x: x0 - 3, y: y(tallest) - 4, width: band * 0.8 + 6,
+        height: y(0) - y(tallest) + 4, fill: "none", "data-best": group }));
     }
     series.forEach((one, k) => {
       const value = one.values[g];
@@ -100,7 +103,20 @@ export function barChart({ groups, series, references = [], best = -1, yLabel = 
   legend.querySelectorAll(".swatch").forEach((swatch, k) => {
     swatch.style.setProperty("background", PALETTE[k % PALETTE.length]); // CSSOM, not inline markup
   });
-  return h("div", {}, svg, legend);
+  const note = highest > 0 ? "" : h("p", { class: "muted chart-note" }, "Every score is 0: no configuration stands out.");
+  return h("div", {}, svg, legend, note);
+}
+
+/** The y axis over 0…`highest`, in four round steps (0 to 1 where every value is 0); the
+ * digits its labels need. */
+function yScale(highest) {
+  if (!(highest > 0)) return { top: 1, digits: 2 };
+  const rough = (highest * 1.1) / 4;
+  const magnitude = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((m) => m >= rough);
+  let digits = 0;
+  while (digits < 8 && Math.abs(Math.round(step * 10 ** digits) - step * 10 ** digits) > 1e-6) digits += 1;
+  return { top: step * 4, digits };
 }
 
 /** A rows × columns heatmap; `describe(row, column, value)` is what hovering a cell shows. */
@@ -147,48 +163,75 @@ function shade(fraction) {
   return `hsl(215, 70%, ${light}%)`;
 }
 
+const NODE = { w: 200, h: 46, gapX: 150, gapY: 18 };
+const LABEL_LINE = 14; // an edge label's height, and the least distance between two of them
+
 /**
  * A layered graph, left to right: `nodes` ({id, label, sub, href, kind, root}) placed in
  * `columns` (lists of ids), `edges` ({from, to, label}).
  */
 export function graph({ columns, nodes, edges }) {
-  const nodeW = 200;
-  const nodeH = 46;
-  const gapX = 150;
-  const gapY = 18;
   const place = new Map();
   columns.forEach((ids, c) => ids.forEach((id, r) =>
-    place.set(id, { x: 10 + c * (nodeW + gapX), y: 10 + r * (nodeH + gapY) })));
-  const width = 20 + columns.length * (nodeW + gapX) - gapX;
-  const height = 20 + Math.max(1, ...columns.map((ids) => ids.length)) * (nodeH + gapY);
+    place.set(id, { x: 10 + c * (NODE.w + NODE.gapX), y: 10 + r * (NODE.h + NODE.gapY) })));
+  const { paths, labels } = edgeShapes(edges, place);
+  const width = 20 + columns.length * (NODE.w + NODE.gapX) - NODE.gapX;
+  const height = Math.max(20 + Math.max(1, ...columns.map((ids) => ids.length)) * (NODE.h + NODE.gapY),
+    ...labels.map((label) => label.y + LABEL_LINE));
   const svg = s("svg", { class: "chart graph", viewBox: `0 0 ${width} ${height}`, role: "img",
-    "aria-label": "lineage graph" });
-  for (const edge of edges) {
-    const a = place.get(edge.from);
-    const b = place.get(edge.to);
-    if (!a || !b) continue;
-    const x1 = a.x + nodeW;
-    const y1 = a.y + nodeH / 2;
-    const x2 = b.x;
-    const y2 = b.y + nodeH / 2;
-    const mid = (x1 + x2) / 2;
-    svg.append(s("path", { class: "edge", d: `M${x1},${y1}C${mid},${y1} ${mid},${y2} ${x2},${y2}` }));
-    if (edge.label) {
-      // Beside its source: each input is its own node, so the labels never share a spot.
-      svg.append(s("text", { x: x1 + 6, y: y1 - 5, class: "edge-label" }, edge.label));
-    }
+    "aria-label": "lineage graph" }, paths);
+  for (const label of labels) {
+    svg.append(s("text", { x: label.x, y: label.y, "text-anchor": "end", class: "edge-label" },
+      clip(label.text, 24)));
   }
   for (const node of nodes) {
     const at = place.get(node.id);
     if (!at) continue;
     const box = s("g", { class: `node ${node.kind}${node.root ? " root" : ""}`, "data-node": node.id },
-      s("rect", { x: at.x, y: at.y, width: nodeW, height: nodeH, rx: 6 }),
+      s("rect", { x: at.x, y: at.y, width: NODE.w, height: NODE.h, rx: 6 }),
       s("text", { x: at.x + 8, y: at.y + 18, "font-weight": 600 }, clip(node.label, 28)),
       s("text", { x: at.x + 8, y: at.y + 36 }, clip(node.sub || "", 32)),
       s("title", {}, `${node.label}\n${node.sub || ""}`));
     svg.append(node.href ? s("a", { href: node.href }, box) : box);
   }
   return svg;
+}
+
+/**
+ * Each edge's curve, and its label just before the node it leads to. A job fed by several
+ * artifacts has its labels stacked there in its inputs' order; where labels would still touch
+ * (many inputs, or an artifact feeding many jobs in one column), the lower one moves down.
+ */
+function edgeShapes(edges, place) {
+  const paths = [];
+  const into = new Map(); // the labels by the node their edge leads to
+  for (const edge of edges) {
+    const a = place.get(edge.from);
+    const b = place.get(edge.to);
+    if (!a || !b) continue;
+    const x1 = a.x + NODE.w;
+    const y1 = a.y + NODE.h / 2;
+    const x2 = b.x;
+    const y2 = b.y + NODE.h / 2;
+    const mid = (x1 + x2) / 2;
+    paths.push(s("path", { class: "edge", d: `M${x1},${y1}C${mid},${y1} ${mid},${y2} ${x2},${y2}` }));
+    if (edge.label) {
+      if (!into.has(edge.to)) into.set(edge.to, []);
+      into.get(edge.to).push({ x: x2 - 6, y: y2 - 4, from: y1, text: edge.label });
+    }
+  }
+  const labels = [];
+  for (const group of into.values()) {
+    group.sort((p, q) => p.from - q.from);
+    group.forEach((label, k) => labels.push({ ...label, y: label.y + (k - (group.length - 1) / 2) * LABEL_LINE }));
+  }
+  labels.sort((p, q) => p.x - q.x || p.y - q.y);
+  labels.forEach((label, i) => {
+    const above = labels[i - 1];
+    const least = above && above.x === label.x ? above.y + LABEL_LINE : LABEL_LINE; // below the top
+    label.y = Math.max(label.y, least);
+  });
+  return { paths, labels };
 }
 
 function clip(text, length) {

@@ -4,6 +4,7 @@
 import { api, redrawOnChange, TERMINAL } from "../api.js";
 import { heatmap } from "../charts.js";
 import { facts, h, number, progress, section, shortId, status, table, when } from "../dom.js";
+import { timeline } from "../timeline.js";
 
 export async function render({ main, id, params, signal }) {
   const job = await api(`/v1/analyses/${id}`, { signal });
@@ -11,13 +12,14 @@ export async function render({ main, id, params, signal }) {
   main.append(h("h1", {}, `Analysis ${shortId(id)}`), section("Status", facts([
     ["id", h("span", { class: "mono" }, job.id)],
     ["status", status(job.status)],
-    ["progress", progress(job.progress.fraction, "analysis progress")],
+    ["progress", progress(job.progress.fraction, "analysis progress", job.status)],
     ["base", job.request.base],
     ["experts", job.request.experts.map((e) => `${e.label} (${e.path})`).join(", ")],
     ["suggested", job.result?.suggestion ? `b = ${job.result.suggestion.bottom}, u = ${job.result.suggestion.top} (heuristic)` : null],
     ["created", when(job.created_at)],
     ["error", job.error ? h("span", { class: "error" }, `${job.error.code}: ${job.error.message}`) : null],
   ])));
+  main.append(await timeline(`/v1/analyses/${id}`, job, signal, { follow: false })); // drawn anew on change
   if (job.status !== "succeeded") return;
   const data = await api(`/v1/analyses/${id}/analysis.json`, { signal });
   const measure = params.get("measure") === "mean_mav" ? "mean_mav" : "fraction";

@@ -1,4 +1,5 @@
-// Create forms: a merge (its parameters from GET /v1/methods), an evaluation, a sweep from a
+// Create forms: a merge (its parameters from GET /v1/methods; with `?from=<id>`, filled in with
+// that merge's request, to run it again as it was or edited), an evaluation, a sweep from a
 // preset. The API checks everything; its errors are shown beside the field they name.
 
 import { api, ApiError } from "../api.js";
@@ -13,7 +14,9 @@ export async function render({ main, id, params, signal }) {
 
 async function mergeForm(params, signal) {
   const methods = await api("/v1/methods", { signal });
-  const chosen = methods.find((m) => m.method === params.get("method")) || methods[0];
+  const from = params.get("from");
+  const earlier = from ? (await api(`/v1/merges/${from}`, { signal })).request : null;
+  const chosen = methods.find((m) => m.method === (params.get("method") || earlier?.method)) || methods[0];
   const fields = [
     { name: "method", label: "method", kind: "select", options: methods.map((m) => m.method), value: chosen.method,
       hint: chosen.summary },
@@ -25,12 +28,65 @@ async function mergeForm(params, signal) {
     ...Object.entries(chosen.params).map(([name, schema]) => paramField(name, schema)),
     { name: "output.name", label: "output name", kind: "text", hint: "default: made from the job id" },
   ];
+  if (earlier && earlier.method === chosen.method) fields.push(prefill(fields, earlier));
   const form = build(fields, "Submit merge", (body) => api("/v1/merges", { method: "POST", body }),
     (job) => `/merges/${job.id}`);
   form.querySelector("[name=method]").addEventListener("change", (event) => {
     location.hash = `/new/merge?method=${encodeURIComponent(event.target.value)}`;
   });
   return form;
+}
+
+// What a merge's stored request holds beside what a new one may send: the mergekit config it
+// was translated from (its recipe, which ran, is sent instead) and its sweep trial.
+const NOT_SENT = ["mergekit", "sweep"];
+
+/** Fill `fields` in from an earlier request (all but its output name, which names that
+ * output); the field for the rest of it, as JSON, sent with the others. */
+function prefill(fields, request) {
+  const rest = structuredClone(request);
+  for (const key of NOT_SENT) delete rest[key];
+  for (const field of fields) {
+    const value = take(rest, field.name.split("."));
+    if (value === undefined || value === null || field.name === "output.name") continue;
+    if (field.kind === "lines") field.value = [value].flat().join("\n");
+    else if (field.json) field.value = JSON.stringify(value);
+    else field.value = String(value);
+  }
+  const name = request.output && request.output.name;
+  if (name) fields.find((f) => f.name === "output.name").hint = `was ${name}: a new name, or empty for one made from the job id`;
+  return { name: "rest", label: "the rest of the request", kind: "object", value: JSON.stringify(pruned(rest) || {}, null, 2),
+    hint: "JSON, sent with the fields above (which win)" };
+}
+
+/** The value at `path` in `data`, removed from it. */
+function take(data, path) {
+  const parent = path.slice(0, -1).reduce((at, key) => (at && typeof at === "object" ? at[key] : undefined), data);
+  if (!parent || typeof parent !== "object") return undefined;
+  const value = parent[path[path.length - 1]];
+  delete parent[path[path.length - 1]];
+  return value;
+}
+
+/** `value` less its nulls and emptied objects (undefined when nothing is left). */
+function pruned(value) {
+  if (value === null) return undefined;
+  if (typeof value !== "object" || Array.isArray(value)) return value;
+  const kept = Object.entries(value).map(([k, v]) => [k, pruned(v)]).filter(([, v]) => v !== undefined);
+  return kept.length ? Object.fromEntries(kept) : undefined;
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+/** `base` with `over` laid on it, object by object. */
+function overlaid(base, over) {
+  const out = { ...base };
+  for (const [key, value] of Object.entries(over)) {
+    out[key] = isObject(value) && isObject(out[key]) ? overlaid(out[key], value) : value;
+  }
+  return out;
 }
 
 /** A method parameter's field, from its JSON Schema: numbers, choices, or JSON. */
@@ -88,7 +144,8 @@ function control(field) {
     return h("select", common, field.options.map((o) =>
       h("option", { value: o, selected: o === field.value }, o || `default${field.placeholder ? " " + field.placeholder : ""}`)));
   }
-  if (field.kind === "lines") return h("textarea", { ...common, rows: 2 });
+  if (field.kind === "lines") return h("textarea", { ...common, rows: 2 }, field.value || "");
+  if (field.kind === "object") return h("textarea", { ...common, rows: 8, class: "mono" }, field.value || "");
   return h("input", { ...common, type: field.kind === "number" ? "number" : "text", step: field.step,
     placeholder: field.placeholder, value: field.value });
 }
@@ -133,9 +190,14 @@ function build(fields, submitLabel, send, next) {
 /** The request body: dotted names become nested objects; empty fields are left out. */
 function collect(form, fields) {
   const body = {};
+  let rest = {};
   for (const field of fields) {
     const raw = form.elements[field.name].value.trim();
     if (raw === "") continue;
+    if (field.kind === "object") {
+      rest = parsedObject(raw, field.name);
+      continue;
+    }
     let value = raw;
     if (field.kind === "number") value = Number(raw);
     else if (field.kind === "lines") value = raw.split("\n").map((line) => line.trim()).filter(Boolean);
@@ -152,7 +214,18 @@ function collect(form, fields) {
     for (const part of path.slice(0, -1)) at = at[part] ||= {};
     at[path[path.length - 1]] = value;
   }
-  return body;
+  return overlaid(rest, body);
+}
+
+function parsedObject(raw, name) {
+  let value;
+  try {
+    value = JSON.parse(raw);
+  } catch (error) {
+    value = undefined;
+  }
+  if (!isObject(value)) throw Object.assign(new Error("a JSON object: {\"key\": value, …}"), { field: name });
+  return value;
 }
 
 function clearErrors(form, general) {

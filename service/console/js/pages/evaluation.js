@@ -2,12 +2,14 @@
 // merge's evaluation, beside an input expert's answers to the same documents.
 
 import { api, ApiError, redrawOnChange, TERMINAL } from "../api.js";
-import { facts, h, link, number, progress, section, shortId, status, table, when } from "../dom.js";
+import { baseName, facts, h, link, number, progress, section, shortId, status, table, when } from "../dom.js";
+import { timeline } from "../timeline.js";
 
 export async function render({ main, id, params, signal }) {
   const job = await api(`/v1/evaluations/${id}`, { signal });
   if (!TERMINAL.has(job.status)) redrawOnChange(`/v1/evaluations/${id}`, job, signal);
   main.append(h("h1", {}, `Evaluation ${shortId(id)}`), overview(job));
+  main.append(await timeline(`/v1/evaluations/${id}`, job, signal, { follow: false })); // drawn anew on change
   const scores = (job.result && job.result.scores) || [];
   if (scores.length) {
     main.append(section("Scores", table([
@@ -32,7 +34,7 @@ function overview(job) {
   return section("Status", facts([
     ["id", h("span", { class: "mono" }, job.id)],
     ["status", status(job.status)],
-    ["progress", progress(job.progress.fraction, "evaluation progress")],
+    ["progress", progress(job.progress.fraction, "evaluation progress", job.status)],
     ["model", target.artifact_id ? link(`/artifacts/${target.artifact_id}/lineage`, shortId(target.artifact_id))
       : target.source || ""],
     ["merge", merge ? link(`/merges/${merge}`, shortId(merge)) : null],
@@ -58,7 +60,9 @@ async function inputEvaluations(job, signal) {
   const found = [];
   for (const [artifactId, input] of inputs) {
     const done = await withSamples(artifactId, signal);
-    if (done) found.push({ label: `${input.role}: ${input.label || shortId(artifactId)}`, job_id: done });
+    if (!done) continue;
+    const { location } = await api(`/v1/artifacts/${artifactId}`, { signal });
+    found.push({ label: `${input.role}: ${location ? baseName(location) : shortId(artifactId)}`, job_id: done });
   }
   return found;
 }

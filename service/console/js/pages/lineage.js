@@ -4,7 +4,7 @@
 
 import { api, COLLECTION } from "../api.js";
 import { graph } from "../charts.js";
-import { facts, h, link, number, section, shortId, table } from "../dom.js";
+import { baseName, facts, h, link, number, section, shortId, table, when } from "../dom.js";
 
 export async function render({ main, id, signal }) {
   const [up, down] = await Promise.all([
@@ -38,7 +38,7 @@ export async function render({ main, id, signal }) {
     ["location", h("span", { class: "mono" }, root.location)],
     ["architecture", root.architecture],
     ["layers", root.num_layers],
-    ["created", root.created_at],
+    ["created", when(root.created_at)],
   ]), root.scores.length ? table([["task", (sc) => sc.task], ["filter", (sc) => sc.filter],
     ["metric", (sc) => sc.metric], ["value", (sc) => number(sc.value)]], root.scores) : ""));
   main.append(section("Jobs", table([
@@ -51,11 +51,13 @@ export async function render({ main, id, signal }) {
 }
 
 function name(artifact) {
-  return String(artifact.location || artifact.id).split("/").filter(Boolean).pop();
+  return baseName(artifact.location || artifact.id);
 }
 
 function edgeLabel(edge) {
-  const parts = [edge.role, edge.label].filter(Boolean);
+  // A recipe's own name for the input (`task[0]`) says its role already.
+  const named = Boolean(edge.role && edge.label && edge.label.startsWith(edge.role));
+  const parts = named ? [edge.label] : [edge.role, edge.label].filter(Boolean);
   if (edge.weight !== null && edge.weight !== undefined) parts.push(`w=${Number(edge.weight).toFixed(2)}`);
   return parts.join(" ");
 }

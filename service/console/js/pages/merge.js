@@ -5,8 +5,10 @@
 import { api, TERMINAL, watchJob } from "../api.js";
 import { planStrip } from "../charts.js";
 import {
-  bytes, facts, h, link, number, pretty, progress, section, shortId, status, table, when,
+  baseName, bytes, facts, h, link, number, pretty, progress, section, shortId, status, table, when,
 } from "../dom.js";
+import { outputSections } from "../outputs.js";
+import { timeline } from "../timeline.js";
 
 export async function render({ main, id, signal }) {
   let job = await api(`/v1/merges/${id}`, { signal });
@@ -19,6 +21,7 @@ export async function render({ main, id, signal }) {
     body.replaceChildren(...(await details(job, signal)));
   };
   await draw();
+  head.after(await timeline(`/v1/merges/${id}`, job, signal));
   if (!TERMINAL.has(job.status)) {
     watchJob(`/v1/merges/${id}`, (fresh) => {
       job = fresh;
@@ -45,7 +48,7 @@ function summary(job) {
       ["id", h("span", { class: "mono" }, job.id)],
       ["status", status(job.status)],
       ["stage", job.stage],
-      ["progress", h("span", {}, progress(p.fraction, "merge progress"),
+      ["progress", h("span", {}, progress(p.fraction, "merge progress", job.status),
         ` ${bytes(p.bytes_done)} / ${bytes(p.bytes_total)}, ${p.tensors_done}/${p.tensors_total} tensors`
         + (p.eta_s ? `, ETA ${Math.round(p.eta_s)} s` : ""))],
       ["attempts", job.attempts],
@@ -54,7 +57,14 @@ function summary(job) {
       ["error", job.error ? h("span", { class: "error" }, `${job.error.code}: ${job.error.message}`) : null],
     ]),
     cancel,
+    rerun(job),
   );
+}
+
+/** Once it has ended: the create form, filled in with this merge's request. */
+function rerun(job) {
+  if (!TERMINAL.has(job.status)) return "";
+  return h("a", { href: `#/new/merge?from=${job.id}`, class: "button", id: "rerun" }, "Run again / edit as new");
 }
 
 async function details(job, signal) {
@@ -65,9 +75,9 @@ async function details(job, signal) {
       job.plan, { class: "plan" })));
   }
   parts.push(section("Recipe", pretty(job.request)));
-  if (job.output) parts.push(outputs(job));
+  if (job.output) parts.push(outputs(job), ...(await outputSections(job.output.artifact_id, signal)));
   const evaluation = job.result && job.result.evaluation;
-  if (evaluation) parts.push(scores(evaluation));
+  if (evaluation) parts.push(await scores(evaluation, signal));
   parts.push(await deliveries(job, signal));
   if (job.result) {
     parts.push(section("Result", pretty(Object.fromEntries(Object.entries(job.result)
@@ -90,8 +100,6 @@ function outputs(job) {
       ["MLflow", mlflow ? `${mlflow.registered_model} version ${mlflow.version}` +
         (mlflow.alias ? ` (alias ${mlflow.alias})` : "") : null],
     ]),
-    table([["file", (f) => f.name], ["sha256", (f) => h("span", { class: "mono" }, f.sha256)]],
-      out.files, { class: "files" }),
   );
 }
 
@@ -102,7 +110,7 @@ function hubLink(commit) {
   return url && /^https?:\/\//.test(url) ? h("a", { href: url, rel: "noreferrer" }, label) : label;
 }
 
-function scores(evaluation) {
+async function scores(evaluation, signal) {
   const parts = [facts([
     ["evaluation", link(`/evaluations/${evaluation.job_id}`, shortId(evaluation.job_id))],
     ["status", status(evaluation.status)],
@@ -110,19 +118,32 @@ function scores(evaluation) {
   const rows = evaluation.comparison.flatMap((score) =>
     score.inputs.length ? score.inputs.map((input) => ({ score, input })) : [{ score, input: null }]);
   if (rows.length) {
+    const named = await inputNames(rows, signal);
     parts.push(table([
-      ["task", (r) => r.score.task],
-      ["filter", (r) => r.score.filter],
-      ["metric", (r) => r.score.metric],
-      ["merge", (r) => number(r.score.value)],
-      ["input", (r) => (r.input ? `${r.input.role}: ${r.input.label || shortId(r.input.artifact_id)}` : "")],
-      ["input's", (r) => (r.input ? number(r.input.value) : "")],
-      ["difference", (r) => (r.input ? signed(r.input.difference) : "")],
-      ["p-value", (r) => (r.input && r.input.paired_test ? number(r.input.paired_test.p_value, 3) : "–")],
+      ["task", (r) => r.score.task, "nowrap"],
+      ["filter", (r) => r.score.filter, "nowrap"],
+      ["metric", (r) => r.score.metric, "nowrap"],
+      ["merge", (r) => number(r.score.value), "num"],
+      ["input", (r) => (r.input ? named(r.input) : ""), "nowrap"],
+      ["input's", (r) => (r.input ? number(r.input.value) : ""), "num"],
+      ["difference", (r) => (r.input ? signed(r.input.difference) : ""), "num"],
+      ["p-value", (r) => (r.input && r.input.paired_test ? number(r.input.paired_test.p_value, 3) : "–"), "num"],
       ["verdict", (r) => (r.input ? r.input.verdict : "")],
     ], rows, { class: "comparison" }));
   }
   return section("Evaluation", ...parts);
+}
+
+/** Each compared input by its role and the name of the checkpoint it is (its full location as
+ * the title): `task: math`. */
+async function inputNames(rows, signal) {
+  const ids = [...new Set(rows.filter((r) => r.input).map((r) => r.input.artifact_id))];
+  const found = await Promise.all(ids.map((id) => api(`/v1/artifacts/${id}`, { signal })));
+  const locations = new Map(found.map((artifact) => [artifact.id, artifact.location]));
+  return (input) => {
+    const location = locations.get(input.artifact_id);
+    return h("span", { title: location }, `${input.role}: ${location ? baseName(location) : shortId(input.artifact_id)}`);
+  };
 }
 
 function signed(value) {

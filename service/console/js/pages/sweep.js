@@ -4,7 +4,7 @@
 
 import { api, TERMINAL } from "../api.js";
 import { barChart } from "../charts.js";
-import { facts, h, link, number, progress, section, shortId, status, table, when } from "../dom.js";
+import { baseName, facts, h, link, number, progress, section, shortId, status, table, when } from "../dom.js";
 
 const COLUMNS = [
   ["rank", "rank", (r) => r.rank],
@@ -49,7 +49,7 @@ function overview(sweep) {
   return section("Status", facts([
     ["id", h("span", { class: "mono" }, sweep.id)],
     ["status", status(sweep.status)],
-    ["progress", h("span", {}, progress(p.fraction, "sweep progress"), ` ${p.ended} of ${p.jobs} jobs`)],
+    ["progress", h("span", {}, progress(p.fraction, "sweep progress", sweep.status), ` ${p.ended} of ${p.jobs} jobs`)],
     ["by status", Object.entries(p.by_status).map(([k, v]) => `${k}: ${v}`).join(", ")],
     ["objective", `${sweep.request.objective.task} ${sweep.request.objective.metric}`],
     ["created", when(sweep.created_at)],
@@ -141,8 +141,4 @@ function pairSection(board, params) {
 
 function mean(values) {
   return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
-}
-
-function baseName(source) {
-  return String(source).split("/").filter(Boolean).pop() || String(source);
 }
