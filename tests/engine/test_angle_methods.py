@@ -234,7 +234,7 @@ def test_switches_vary_by_tensor_and_layer(llama: Family, run_merge: Any) -> Non
         ({"method": "nuslerp", "base": "a", "models": ["a", "b"]}, "models.0"),
         ({"method": "nuslerp", "models": ["a", "b"],
           "params": {"nuslerp_row_wise": [{"filter": "mlp", "value": 0.5}]}},
-         "params.nuslerp_row_wise"),
+         "params.nuslerp_row_wise.0.value"),  # the condition's value: not a boolean
     ],
     ids=["stock-one-model", "stock-no-base", "stock-base-in-models", "stock-switch",
          "nuslerp-three", "nuslerp-one", "nuslerp-weights", "nuslerp-unknown-param",
