@@ -1,4 +1,4 @@
-"""One real service per test module, over HTTP (uvicorn in a thread), with seeded jobs made by
+"""One real service per test process, over HTTP (uvicorn in a thread), with seeded jobs made by
 the real pipeline: an input expert's evaluation, a merge with its evaluation, an analysis, a
 small sweep, and a merge that fails with a markup payload in its error; and one headless
 Chromium per module."""
@@ -94,7 +94,10 @@ def sweep_body() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
+# One per test process, shared by the console's modules: seeding runs evaluations, a sweep and
+# an analysis (a minute of CPU); the tests compare pages with the API's answers at the time, so
+# the jobs other modules add do not change what they check.
+@pytest.fixture(scope="session")
 def seeded(
     tmp_path_factory: pytest.TempPathFactory,
     examples: Path,
