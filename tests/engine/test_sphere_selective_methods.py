@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from engine.errors import RecipeError
+from engine.kernels.sce_torch import _variance
 from engine.mergekit import translate
 from engine.plan.model import TensorPlan, Term
 from engine.recipe import parse_recipe
@@ -459,3 +460,17 @@ def test_arcee_fusion_samples_a_large_tensor_the_same_each_time() -> None:
     sampled = float(score[taken].min())  # the smallest importance taken bounds the threshold
     assert abs(sampled - exact) <= 0.01 * exact
     assert 0 < int(taken.sum()) < base.numel() // 4
+
+
+@pytest.mark.parametrize("models", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_sce_variance_equals_torch_var_bit_for_bit(models: int, dtype: torch.dtype) -> None:
+    """sce's elementwise variance over the models is torch.var's (mergekit's) to the bit: deltas
+    of scales far apart, entries equal across the models, and zeros."""
+    generator = torch.Generator().manual_seed(models)
+    scales = 10 ** torch.randn(models, 1, generator=generator)
+    deltas = (torch.randn(models, 300_007, generator=generator) * scales).to(dtype)  # 2 blocks
+    deltas[:, :1000] = deltas[0, :1000].clone()
+    deltas[0, 1000:1100] = 0
+    expected = torch.var(deltas, dim=0, unbiased=False).abs()
+    assert torch.equal(_variance(deltas), expected)
