@@ -18,5 +18,7 @@ def nearswap(read: Read, tensor: TensorPlan, start: int, count: int) -> torch.Te
     base = read(tensor.terms[0].source, start, count)
     model = read(tensor.terms[1].source, start, count)
     t = dict(tensor.scalars)["t"]
-    weight = (t / (base - model).abs().clamp(min=NEAR_FLOOR)).clamp(min=0, max=1)
-    return weight * model + (1 - weight) * base
+    # mergekit's steps, each rounded as it rounds them, in place: two temporaries, not eight
+    weight = (base - model).abs_().clamp_(min=NEAR_FLOOR).reciprocal_().mul_(t).clamp_(0, 1)
+    kept = weight * model
+    return kept.add_(weight.neg_().add_(1).mul_(base))  # w·model + (1 − w)·base
