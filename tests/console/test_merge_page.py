@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from selenium.webdriver.support.ui import Select
 from tests.console.browser import Page
 from tests.console.conftest import PAYLOAD, VANISHING, Seeded, submit, wait_ended
 from tests.helpers import wait_for
-from tests.service.conftest import layer_swap
-from worker.lease import JobLease
+from tests.service.conftest import gate, layer_swap  # noqa: F401 (gate: a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -156,24 +154,10 @@ def test_an_evaluations_and_an_analyses_pages_show_their_timelines(
         assert events_shown(page)[-1] == "succeeded"
 
 
-@pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Running merges wait at their cancel checks until the gate opens (at the latest when
-    the test ends); their heartbeats go on, from a thread of their own."""
-    opened = threading.Event()
-    check = JobLease.should_cancel
-
-    def held(lease: JobLease) -> bool:
-        opened.wait(timeout=120)
-        return check(lease)
-
-    monkeypatch.setattr(JobLease, "should_cancel", held)
-    yield opened
-    opened.set()
-
-
 def test_a_running_merge_is_shown_live_on_its_timeline_and_the_executor_page(
-    page: Page, seeded: Seeded, gate: threading.Event
+    page: Page,
+    seeded: Seeded,
+    gate: threading.Event,  # noqa: F811
 ) -> None:
     job_id = submit(seeded.client, "/v1/merges", {**layer_swap(), "output": {"name": "watched"}})[
         "id"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from core.settings import Settings
 from layerswap.app import build_app
 from service.app import create_app
 from tests.helpers import wait_for
+from worker.lease import JobLease
 
 POSTGRES_ADMIN = os.environ.get(
     "LAYERSWAP_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -46,6 +48,22 @@ def postgres_database(admin_url: str = POSTGRES_ADMIN) -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Running merges wait at their cancel checks until the gate opens (at the latest when
+    the test ends); their heartbeats go on, from a thread of their own."""
+    opened = threading.Event()
+    check = JobLease.should_cancel
+
+    def held(lease: JobLease) -> bool:
+        opened.wait(timeout=120)
+        return check(lease)
+
+    monkeypatch.setattr(JobLease, "should_cancel", held)
+    yield opened
+    opened.set()
 
 
 @pytest.fixture

@@ -5,12 +5,9 @@ broker reported unreachable once Redis stops; with auth on, the operator token's
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from core.db.models import Job, utcnow
 from service.api.monitor import running_job
@@ -18,25 +15,8 @@ from service.auth import create_key
 from tests.distributed.conftest import RedisServer
 from tests.helpers import wait_for
 from tests.service.conftest import Service, layer_swap, running_service
-from worker.lease import JobLease
 
 OPERATOR_TOKEN = "op-" + "5" * 40
-
-
-@pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Running merges wait at their cancel checks until the gate opens (at the latest when
-    the test ends)."""
-    opened = threading.Event()
-    check = JobLease.should_cancel
-
-    def held(lease: JobLease) -> bool:
-        opened.wait(timeout=120)
-        return check(lease)
-
-    monkeypatch.setattr(JobLease, "should_cancel", held)
-    yield opened
-    opened.set()
 
 
 def health(service: Service, **headers: str) -> dict[str, Any]:
