@@ -22,6 +22,7 @@ from engine.mergekit.config import (
     TOP_LEVEL,
     IsLocal,
     check_layer_filters,
+    declared_dtype,
     dtype_name,
     model_source,
     read,
@@ -174,12 +175,10 @@ def _output(data: dict[str, Any], out: dict[str, Any], writes: str | None) -> di
             "output.dtype", "set by the mergekit config's out_dtype (or dtype), not here"
         )
     dtype = dtype_name(data["dtype"], "dtype") if data.get("dtype") is not None else None
-    out_dtype = None
-    if data.get("out_dtype") is not None:
-        out_dtype = dtype_name(data["out_dtype"], "out_dtype")
-    widened = writes if dtype != "float64" else None  # float64 stays float64
     # mergekit writes in dtype unless out_dtype, or where the method widens its results
-    out["dtype"] = out_dtype or widened or dtype or "source"
+    # (float64 stays float64)
+    widened = writes if data.get("out_dtype") is None and dtype != "float64" else None
+    out["dtype"] = widened or declared_dtype(data)
     if data.get("name") is not None:
         if "name" in out:
             raise RecipeError.for_field("output.name", "the mergekit config's name names it")

@@ -308,3 +308,12 @@ def dtype_name(value: Any, field: str) -> str:
             f"{quoted(value)}: Layerswap computes in and writes {', '.join(DTYPES)}",
         )
     return str(name)
+
+
+def declared_dtype(data: dict[str, Any]) -> str:
+    """The dtype a mergekit config writes its output in, as its config.json declares it: its
+    out_dtype, else its dtype, else the checkpoints' own ("source")."""
+    for key in ("out_dtype", "dtype"):
+        if data.get(key) is not None:
+            return dtype_name(data[key], key)
+    return "source"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.mergekit.config import dtype_name
+from engine.mergekit.config import declared_dtype
 from engine.mergekit.side_files import donate, write
 from engine.plan.model import MEAN, Plan
 
@@ -56,10 +56,7 @@ class MergekitOrigin:
     def declared_dtype(self) -> str:
         """config.json's dtype as mergekit writes it: the config's out_dtype, else its dtype,
         though the tensors may be wider (a method's `writes`); "source": the donor's own."""
-        for key in ("out_dtype", "dtype"):
-            if self.config.get(key) is not None:
-                return dtype_name(self.config[key], key)
-        return "source"
+        return declared_dtype(self.config)
 
     def write_side_files(self, plan: Plan, staging: Path) -> list[str]:
         """config.json and the tokenizer's files, as mergekit writes them, into `staging` (after
