@@ -81,9 +81,11 @@ def test_the_celery_executor_reads_its_queue_lengths_from_redis(
 
             def sent() -> dict[str, Any] | None:
                 seen = health(s)
-                return seen if seen["queues"] == {"merge": 2, "eval": 0} else None
+                # both in Redis and both marked sent (the mark follows the publish)
+                done = seen["queues"] == {"merge": 2, "eval": 0} and seen["unsent"] == 0
+                return seen if done else None
 
-            seen = wait_for(sent, "two messages in the merge queue", 30, interval=0.05)
+            seen = wait_for(sent, "two messages in the merge queue, marked sent", 30, interval=0.05)
             assert seen["queued"] == 2 and seen["unsent"] == 0 and seen["running"] == []
             assert redis.client().llen("merge") == 2  # what Redis itself holds
             redis.stop()
