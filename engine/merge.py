@@ -27,6 +27,7 @@ from engine.errors import (
     MergeCanceled,
     OutputError,
     OutputTooLarge,
+    RecipeError,
     is_disk_full,
 )
 from engine.io.checkpoint import (
@@ -101,10 +102,13 @@ def merge(
     """Plan and execute a recipe into `out_dir` (which must not exist unless overwrite)."""
     options = options or MergeOptions()
     check_output(out_dir, overwrite=options.overwrite)
-    plan = make_plan(
-        recipe, resolve=resolve, chunk_elements=options.chunk_elements,
-        should_cancel=should_cancel, guard=options.file_guard,
-    )  # fmt: skip
+    try:
+        plan = make_plan(
+            recipe, resolve=resolve, chunk_elements=options.chunk_elements,
+            should_cancel=should_cancel, guard=options.file_guard,
+        )  # fmt: skip
+    except RecipeError as e:  # named as the mergekit config names it, where it was one
+        raise (options.mergekit.renamed(e) if options.mergekit else e) from None
     try:
         return execute(plan, recipe, out_dir, options, on_progress, should_cancel)
     finally:

@@ -18,10 +18,17 @@ from engine.methods import METHODS, Inputs, MethodPlan
 from engine.methods.base import Placement
 from engine.plan.arithmetic import keeps
 from engine.plan.compatibility import check_compatible
-from engine.plan.model import InputRef, Op, Plan, Shard, TensorPlan, Term
-from engine.plan.slices import described, input_layers, read_at, restacked
+from engine.plan.model import InputRef, Op, Plan, Shard, TensorPlan, Term, Thinning, TiesSettings
+from engine.plan.slices import (
+    before_layers,
+    described,
+    input_layers,
+    read_at,
+    restacked,
+    slice_of,
+)
 from engine.progress import CancelCheck
-from engine.recipe import Recipe, named_sources
+from engine.recipe import Recipe, named_sources, slice_recipes
 from engine.schema.parts import LayerSlice, ModelsRecipe
 from engine.vocabulary.alignment import VocabularyPlan, plan_vocabulary
 
@@ -71,7 +78,7 @@ def make_plan(
         check_compatible(refs, checkpoints, vocabulary.tensors if vocabulary else frozenset())
         counts = tuple(piece.layer_count for piece in slices or [])
         inputs = Inputs(refs, checkpoints, chunk_elements, should_cancel, headers_only, counts)
-        method = METHODS[recipe.method].plan(recipe, inputs)
+        method = _method_plan(recipe, inputs)
         if slices:
             _sliced(method, slices, refs, layers)
         plan = _assemble(recipe, refs, checkpoints, method, vocabulary)
@@ -82,6 +89,79 @@ def make_plan(
         raise
     plan.checkpoints = checkpoints
     return plan
+
+
+def _method_plan(recipe: Recipe, inputs: Inputs) -> MethodPlan:
+    """The method's plan; where slices set their own params, one per slice's recipe, each
+    layer merged by its slice's, the tensors outside the layers by the first or last slice's
+    (mergekit's)."""
+    plan = METHODS[recipe.method].plan
+    recipes = slice_recipes(recipe)
+    if not recipes:
+        return plan(recipe, inputs)
+    planned: dict[int, MethodPlan] = {}  # a slice without params shares the recipe's plan
+    for r in recipes:
+        if id(r) not in planned:
+            planned[id(r)] = plan(r, inputs)
+    return _by_slice([planned[id(r)] for r in recipes], inputs.slices)
+
+
+def _by_slice(plans: list[MethodPlan], counts: tuple[int, ...]) -> MethodPlan:
+    def pick(name: str, layer: int | None) -> MethodPlan:
+        if layer is None:
+            return plans[0] if before_layers(name) else plans[-1]
+        return plans[slice_of(layer, counts)]
+
+    first = plans[0]
+    ties = _shared_ties(plans)
+    for s, other in enumerate(plans):
+        if other.sparsify != first.sparsify:
+            raise RecipeError.for_field(
+                f"slices.{s}.params",
+                "differ from slices.0's in how deltas are thinned or merged (normalize, "
+                "rescale, seed), which Layerswap sets once for the whole merge",
+            )
+    varies = ties is not None and ties != first.ties  # amounts then said per tensor
+
+    def thinning(name: str, layer: int | None) -> Thinning:
+        own = pick(name, layer)
+        if own.thinning is not None:
+            return own.thinning(name, layer)
+        assert own.ties is not None  # a ties or task_arithmetic tensor, amounts shared
+        count = len(own.rule(name, layer)[1])
+        return Thinning((own.ties.density,) * count, own.ties.lambda_)
+
+    def scalars(name: str, layer: int | None) -> tuple[tuple[str, float], ...]:
+        own = pick(name, layer).scalars
+        return () if own is None else own(name, layer)
+
+    return replace(
+        first,
+        rule=lambda name, layer: pick(name, layer).rule(name, layer),
+        ties=ties,
+        thinning=thinning if varies or any(p.thinning for p in plans) else None,
+        scalars=scalars if first.scalars is not None else None,
+        resolved_weights={
+            **first.resolved_weights,
+            "slice_params": [p.resolved_weights for p in plans],
+        },
+    )
+
+
+def _shared_ties(plans: list[MethodPlan]) -> TiesSettings | None:
+    """One TiesSettings for plans whose densities or λ may differ (then each tensor's
+    thinning says them); their base and normalize must agree."""
+    first = plans[0].ties
+    if first is None or all(p.ties == first for p in plans):
+        return first
+    for s, other in enumerate(plans):
+        assert other.ties is not None  # the same method's plans
+        if (other.ties.base, other.ties.normalize) != (first.base, first.normalize):
+            raise RecipeError.for_field(
+                f"slices.{s}.params.normalize",
+                "differs from slices.0's: Layerswap normalizes the whole merge or none of it",
+            )
+    return replace(first, density=1.0, lambda_=1.0)
 
 
 def _sliced(

@@ -44,6 +44,7 @@ __all__ = [
     "recipe_error_from",
     "recipe_schema",
     "recipe_to_dict",
+    "slice_recipes",
 ]
 
 # Any method's recipe; parse_recipe gives the method's own class (SoupRecipe, ...).
@@ -75,9 +76,36 @@ def parse_recipe(data: Any) -> Recipe:
             "method", f"must be one of {', '.join(METHODS)} (got {data.get('method')!r})"
         )
     try:
-        return _adapter(recipe_schema()).validate_python(data)
+        recipe = _adapter(recipe_schema()).validate_python(data)
     except ValidationError as e:
         raise _recipe_error(e) from None
+    slice_recipes(recipe)  # each slice's own params are checked as the recipe's are
+    return recipe
+
+
+def slice_recipes(recipe: Recipe) -> list[Recipe]:
+    """Where a slice sets its own params: per slice, the recipe it merges its layers by (the
+    recipe with the slice's params); [] where none does. Raises RecipeError naming the
+    slice's field (`slices.1.params.t`)."""
+    slices = getattr(recipe, "slices", None) or []
+    if all(piece.params is None for piece in slices):
+        return []
+    data = recipe_to_dict(recipe)
+    del data["slices"]
+    found = []
+    for s, piece in enumerate(slices):
+        if piece.params is None:
+            found.append(recipe)
+            continue
+        try:
+            found.append(type(recipe).model_validate({**data, "params": piece.params}))
+        except ValidationError as e:
+            error = recipe_error_from(e.errors(), skip=0)
+            where = str(error.details["field"])
+            raise RecipeError.for_field(
+                f"slices.{s}.{where}", error.message.removeprefix(f"{where}: ")
+            ) from None
+    return found
 
 
 def _recipe_error(error: ValidationError) -> RecipeError:
@@ -142,4 +170,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     for key in ("slices", "tokens", "pad_to_multiple_of"):
         if data.get(key, "") is None:
             del data[key]
+    for piece in data.get("slices") or []:
+        if piece.get("params", "") is None:
+            del piece["params"]
     return data

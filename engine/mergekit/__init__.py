@@ -27,6 +27,7 @@ from engine.mergekit.config import (
     model_source,
     read,
     recipe_slices,
+    slice_views,
     whole_models,
 )
 from engine.mergekit.fields import mergekit_field
@@ -69,14 +70,16 @@ def translate(
     translation = method.mergekit
     assert translation is not None  # _method found it by its mergekit name
     restacked = method.layer_stack == "restacked"  # it reads the config's slices itself
+    views: list[MergekitConfig] = []
     if config.slices is not None and not restacked:
         whole_models(config)
-        if config.sliced:
-            check_layer_filters(config, translation.per_model)
-    _check_parameter_names(config, translation, restacked=restacked)
+        views = slice_views(config)
+        for view in views or [config]:
+            check_layer_filters(view, translation.per_model)
+    _check_parameter_names(config, translation, every_slice=restacked or config.sliced)
     recipe = {"method": method.name, **translation.translate(config, translation)}
     if config.sliced:
-        recipe["slices"] = recipe_slices(config)
+        recipe["slices"] = _sliced(recipe, config, views, translation)
     recipe["output"] = _output(data, dict(output or {}), translation.writes)
     recipe["arithmetic"] = _arithmetic(data, config, arithmetic)
     if credential is not None:
@@ -89,7 +92,7 @@ def translate(
     parsed = _parse(recipe, lambda where: mergekit_field(where, config, translation, fields))
     origin = MergekitOrigin(
         _recorded(data),
-        tuple(config.warnings),
+        tuple(dict.fromkeys(config.warnings)),  # each slice's reading may repeat one
         fields,
         # mergekit's donor of config.json and the tokenizer: the config's own base_model
         model_source(data["base_model"], "base_model", is_local)
@@ -97,6 +100,22 @@ def translate(
         else None,
     )
     return Translated(parsed, origin)
+
+
+def _sliced(
+    recipe: dict[str, Any],
+    config: MergekitConfig,
+    views: list[MergekitConfig],
+    translation: Translation,
+) -> list[dict[str, Any]]:
+    """The recipe's slices; each whose parameters give other params than the recipe's has its
+    own (views: the config as each slice reads it)."""
+    slices = recipe_slices(config)
+    for piece, view in zip(slices, views, strict=False):
+        params = translation.translate(view, translation)["params"]
+        if params != recipe["params"]:
+            piece["params"] = params
+    return slices
 
 
 def _recorded(data: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +136,7 @@ def _method(name: str) -> Method:
 
 
 def _check_parameter_names(
-    config: MergekitConfig, translation: Translation, *, restacked: bool
+    config: MergekitConfig, translation: Translation, *, every_slice: bool
 ) -> None:
     """mergekit ignores a parameter its method does not take: so does Layerswap, saying so."""
     ours = translation.shared | translation.per_model
@@ -125,7 +144,7 @@ def _check_parameter_names(
         (m, f"{m.field}.parameters", m.parameters) for m in config.inputs
     ]
     blocks += [(None, where, block) for where, block in config.shared_blocks]
-    if restacked:  # its slices' parameters are read slice by slice
+    if every_slice:  # its slices' parameters are read slice by slice
         for piece in config.slices or []:
             blocks += [(m, f"{m.field}.parameters", m.parameters) for m in piece.inputs]
             blocks.append((None, f"{piece.field}.parameters", piece.parameters))
@@ -209,6 +228,8 @@ def _source_fields(
             own = piece.field.rsplit(".", 1)[-1]
             fields |= {f"slices.{own}.sources.{i}.layer_range": f"{m.field}.layer_range"
                        for i, m in enumerate(piece.inputs)}  # fmt: skip
+            if "params" in recipe["slices"][int(own)]:
+                fields[f"slices.{own}.params"] = f"{piece.field}.parameters"
     return fields
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engine.errors import RecipeError, quoted
@@ -129,7 +130,7 @@ def _ignored(entry: dict[str, Any], fields: set[str], where: str) -> list[str]:
 def whole_models(config: MergekitConfig) -> MergekitConfig:
     """A non-passthrough config written with `slices`: they become the recipe's (each source's
     layers merged index by index, the slices stacked; one slice of every layer merges whole
-    models), over the same models and parameters in each."""
+    models), over the same models in each (their parameters may differ: slice_views)."""
     assert config.slices is not None
     first = config.slices[0]
     for piece in config.slices[1:]:
@@ -147,27 +148,43 @@ def whole_models(config: MergekitConfig) -> MergekitConfig:
 
 
 def _as_first(piece: Slice, first: Slice) -> None:
-    """A later slice merges what the first does, as the first does: Layerswap's recipe has
-    one set of models and parameters for all its slices."""
-    same = "Layerswap merges every slice as the first"
+    """A later slice merges the models the first does: the recipe's slices each take a range
+    of every one of its models (their parameters may differ: slice_views)."""
+    same = "Layerswap's slices each merge the recipe's models"
     if [m.source for m in piece.inputs] != [m.source for m in first.inputs]:
         raise RecipeError.for_field(
             f"{piece.field}.sources",
             f"{same}, so each must take the same models in the same order as {first.field}",
         )
-    for model, theirs in zip(piece.inputs, first.inputs, strict=True):
-        if model.parameters != theirs.parameters:
-            raise RecipeError.for_field(
-                f"{model.field}.parameters", f"differ from {theirs.field}.parameters: {same}"
-            )
-    if piece.parameters != first.parameters:
-        raise RecipeError.for_field(
-            f"{piece.field}.parameters", f"differ from {first.field}.parameters: {same}"
-        )
     if (piece.base and piece.base.source) != (first.base and first.base.source):
         raise RecipeError.for_field(
             f"{piece.field}.base_model", f"differs from {first.field}.base_model: {same}"
         )
+
+
+def slice_views(config: MergekitConfig) -> list[MergekitConfig]:
+    """Per slice of a sliced config whose slices set parameters differently, the config as
+    that slice reads it (its sources' and its own parameters before the config's); [] where
+    every slice reads them as the first."""
+    assert config.slices is not None
+    first = config.slices[0]
+    if all(_same_parameters(piece, first) for piece in config.slices[1:]):
+        return []
+    views = []
+    for piece in config.slices:
+        shared = [Place(f"{piece.field}.parameters", piece.parameters), *config.shared[1:]]
+        base = config.base and next(
+            (m for m in piece.inputs if m.source == config.base.source), config.base
+        )
+        views.append(replace(config, inputs=piece.inputs, shared=shared, base=base))
+    return views
+
+
+def _same_parameters(piece: Slice, first: Slice) -> bool:
+    return piece.parameters == first.parameters and all(
+        m.parameters == theirs.parameters
+        for m, theirs in zip(piece.inputs, first.inputs, strict=True)
+    )
 
 
 def check_layer_filters(config: MergekitConfig, per_model: frozenset[str]) -> None:

@@ -32,7 +32,8 @@ def _beneath(field: str, rest: str, translation: Translation) -> str:
     if not rest:
         return field
     parts = rest.split(".")
-    if parts[-1] in translation.shared | translation.per_model and parts[-2:-1] != ["parameters"]:
+    written = [*field.split("."), *parts]
+    if parts[-1] in translation.shared | translation.per_model and written[-2] != "parameters":
         parts.insert(len(parts) - 1, "parameters")
     return ".".join([field, *parts])
 

@@ -12,6 +12,7 @@ named as in its file (TensorInfo.name), and the view owns what the input opened.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -21,6 +22,12 @@ from engine.io.checkpoint import Checkpoint, set_config_values
 from engine.limits import MAX_LAYERS
 from engine.plan.model import InputRef
 from engine.schema.parts import LayerSlice
+
+# The tensors before the layers (mergekit's pre_weights: token and position embeddings and
+# their norms); every other tensor outside the layers comes after them (final norm, head).
+_BEFORE_LAYERS = re.compile(
+    r"(^|\.)((?!embed_out\b)embed\w*|\w*embeddings?\w*|wte|wpe|shared)(\.|$)"
+)
 
 
 def input_layers(
@@ -84,3 +91,18 @@ def read_at(refs: Sequence[InputRef], layers: Sequence[Sequence[int]], layer: in
     """Which layer of each input output layer `layer` merges (models[0] layer 2, ...)."""
     pairs = zip(refs, layers, strict=True)
     return ", ".join(f"{ref.label} layer {found[layer]}" for ref, found in pairs)
+
+
+def slice_of(layer: int, counts: Sequence[int]) -> int:
+    """The slice that stacks output layer `layer`, from the slices' layer counts."""
+    for s, count in enumerate(counts):
+        if layer < count:
+            return s
+        layer -= count
+    raise ValueError(f"layer {layer} is past the slices")
+
+
+def before_layers(name: str) -> bool:
+    """Whether a tensor outside the layers comes before them (mergekit merges those by its
+    first slice, the others by its last)."""
+    return _BEFORE_LAYERS.search(name) is not None

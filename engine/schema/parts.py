@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -280,6 +280,13 @@ class LayerSlice(Strict):
     """Output layers merged, index by index, from a run of layers of each source."""
 
     sources: list[LayerSource] = Field(min_length=1, max_length=MAX_MODELS + 1)
+    params: dict[str, Any] | None = Field(
+        None,
+        description="the method's params for this slice's layers, in place of the recipe's "
+        "(as a mergekit slice's parameters): the tensors before the layers (embeddings) take "
+        "the first slice's, those after them (final norm, head) the last slice's; absent: "
+        "the recipe's",
+    )
 
     @property
     def layer_count(self) -> int:

@@ -146,7 +146,10 @@ def _show_plan(
     recipe: Recipe, resolve: Callable[[str], Path], mergekit: MergekitOrigin | None
 ) -> None:
     """The dry run: the plan's table (after a mergekit config's translated recipe)."""
-    plan = make_plan(recipe, resolve=resolve)
+    try:
+        plan = make_plan(recipe, resolve=resolve)
+    except RecipeError as e:  # named as the mergekit config names it, where it was one
+        raise (mergekit.renamed(e) if mergekit else e) from None
     plan.close()
     if mergekit is not None:
         mergekit.apply(plan)

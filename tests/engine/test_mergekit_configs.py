@@ -355,6 +355,58 @@ def test_slices_of_other_layers_of_each_model_merge_as_mergekit_does(
     assert_forward_pass(ours)
 
 
+# Slices that set their parameters each their own way (slice or source parameters), over
+# other layers of each model: each slice's layers merged by its own, the tensors before the
+# layers by the first slice's and those after them by the last's, as mergekit does.
+OWN_PARAMETERS: dict[str, list[dict[str, Any]]] = {
+    "slerp": [{"parameters": {"t": [0, 1]}}, {"parameters": {"t": 0.8}}, {}],
+    "linear": [{"sources": {0: {"weight": 2.0}}}, {"parameters": {"normalize": False}}],
+    "ties": [
+        {"sources": {1: {"density": 0.3}}},
+        {"parameters": {"lambda": 0.6}, "sources": {2: {"weight": [0.1, 0.9]}}},
+    ],
+    "task_arithmetic": [{}, {"parameters": {"lambda": 0.5}}, {"sources": {0: {"weight": 2}}}],
+}
+
+
+@pytest.mark.parametrize("case", list(OWN_PARAMETERS))
+def test_slices_with_their_own_parameters_merge_as_mergekit_does(
+    case: str, llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    config = offset_slices(configs(llama, llama32)[case], OFFSETS[case])
+    for piece, own in zip(config["slices"], OWN_PARAMETERS[case], strict=True):
+        if "parameters" in own:
+            piece["parameters"] = own["parameters"]
+        for i, parameters in own.get("sources", {}).items():
+            source = piece["sources"][i]
+            source["parameters"] = {**source.get("parameters", {}), **parameters}
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    slices = json.loads((tmp_path / "ours" / "layerswap.json").read_text())["recipe"]["slices"]
+    assert any("params" in piece for piece in slices)  # merged by more than one set
+
+
+def test_slices_that_thin_deltas_each_their_own_way_are_refused(
+    llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    """normalize (and dare's rescale) say how the whole merge is made in Layerswap: slices
+    that set them otherwise are refused by the slice's field, before any output exists."""
+    config = offset_slices(configs(llama, llama32)["breadcrumbs"], [([0, 1, 2], 3)] * 2)
+    config["slices"][1]["parameters"] = {"normalize": False}
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "layerswap: error [invalid_recipe]: slices.1.parameters: differ from slices.0's in how "
+        "deltas are thinned or merged (normalize, rescale, seed), which Layerswap sets once "
+        "for the whole merge\n"
+    )
+    assert not (tmp_path / "ours").exists()
+
+
 def test_slices_of_unequal_lengths_are_refused_as_mergekit_refuses_them(
     llama32: Family, tmp_path: Path
 ) -> None:

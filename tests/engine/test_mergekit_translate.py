@@ -267,17 +267,36 @@ def test_slices_of_other_layers_become_the_recipes_slices() -> None:
     assert recipe(sliced([[2, 6], [2, 6]]))["slices"][0]["sources"][0]["layer_range"] == [2, 6]
 
 
+def test_a_slice_with_its_own_parameters_gets_its_own_params() -> None:
+    config = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]], [[1, 2], [2, 3]])
+    config["slices"][1]["parameters"] = {"t": [0, 1]}
+    config["slices"][2]["sources"][0]["parameters"] = {"t": 0.9}  # no slerp parameter per model
+    config["slices"][2]["parameters"] = {"t": [{"filter": "mlp", "value": 0.2}]}
+    translated = translate(config, is_local=local)
+    written = recipe_to_dict(translated.recipe)
+    assert written["params"] == {"t": 0.5}
+    assert [piece.get("params") for piece in written["slices"]] == [
+        None,
+        {"t": [0.0, 1.0]},
+        {"t": [{"filter": "mlp", "value": 0.2}, {"value": 0.5}]},
+    ]
+    assert translated.origin.warnings == (
+        "slices.2.sources.0.parameters.t: slerp takes one t for all the models, not one per "
+        "model; ignored, as mergekit does",
+    )
+    bad = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    bad["slices"][1]["parameters"] = {"t": "half"}
+    refused(bad, "slices.1.parameters.t", "not a number")
+
+
 def test_slices_layerswap_cannot_merge_as_mergekit_does_are_refused() -> None:
     refused(sliced([[0, 6], [0, 5]]), "slices.0.sources.1.layer_range", "as many layers")
     other = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
     other["slices"][1]["sources"][1]["model"] = "./c"
     refused(other, "slices.1.sources", "the same models in the same order as slices.0")
-    weighted = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
-    weighted["slices"][1]["parameters"] = {"t": 0.7}
-    refused(weighted, "slices.1.parameters", "differ from slices.0.parameters")
-    own = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
-    own["slices"][0]["sources"][1]["parameters"] = {"weight": 0.7}
-    refused(own, "slices.1.sources.1.parameters", "differ from slices.0.sources.1.parameters")
+    based = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    based["slices"][1]["base_model"] = "./b"
+    refused(based, "slices.1.base_model", "differs from slices.0.base_model")
     filtered = {
         "merge_method": "linear",
         "slices": [{"sources": [{"model": "./a", "layer_range": [0, 3]},

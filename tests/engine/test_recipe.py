@@ -21,6 +21,8 @@ SWAP = {"method": "layer_swap", "experts": EXPERTS}
 SOUP = {"method": "soup", "models": ["./a", "./b"]}
 TIES = {"method": "ties", "base": "./base", "models": ["./a", "./b"]}
 ARITHMETIC = {"method": "task_arithmetic", "base": "./base", "models": ["./a", "./b"]}
+SLICE = {"sources": [{"model": m, "layer_range": [0, 2]} for m in ("./a", "./b")]}
+TIES_SLICE = {"sources": [*SLICE["sources"], {"model": "./base", "layer_range": [0, 2]}]}
 
 INVALID: dict[str, tuple[Any, str]] = {
     "unknown-param": ({**SWAP, "params": {"bottom": 1, "foo": 2}}, "params.foo"),
@@ -73,6 +75,18 @@ INVALID: dict[str, tuple[Any, str]] = {
     "output-dtype": ({**SOUP, "output": {"dtype": "int8"}}, "output.dtype"),
     "shard-size-garbage": ({**SOUP, "output": {"shard_size": "lots"}}, "output.shard_size"),
     "shard-size-tiny": ({**SOUP, "output": {"shard_size": "10B"}}, "output.shard_size"),
+    "slice-param-unknown": (
+        {**SOUP, "slices": [SLICE, {**SLICE, "params": {"density": 0.5}}]},
+        "slices.1.params.density",
+    ),
+    "slice-weights-length": (
+        {**SOUP, "slices": [{**SLICE, "params": {"weights": [1, 2, 3]}}]},
+        "slices.0.params.weights",
+    ),
+    "slice-density-above-one": (
+        {**TIES, "slices": [{**TIES_SLICE, "params": {"density": 2}}]},
+        "slices.0.params.density",
+    ),
 }
 
 
@@ -169,3 +183,10 @@ def test_errors_survive_pickling() -> None:
     assert type(clone) is RecipeError
     assert clone.to_dict() == info.value.to_dict()
     assert clone.to_dict()["code"] == "invalid_recipe"
+
+
+def test_a_slice_without_params_is_written_as_before_and_one_with_them_keeps_them() -> None:
+    plain = recipe_to_dict(parse_recipe({**SOUP, "slices": [SLICE]}))
+    assert plain["slices"] == [SLICE]  # digests of recipes written before slices had params
+    own = parse_recipe({**SOUP, "slices": [SLICE, {**SLICE, "params": {"weights": [1, 3]}}]})
+    assert recipe_to_dict(own)["slices"][1]["params"] == {"weights": [1, 3]}
