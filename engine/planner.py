@@ -95,15 +95,40 @@ def _method_plan(recipe: Recipe, inputs: Inputs) -> MethodPlan:
     """The method's plan; where slices set their own params, one per slice's recipe, each
     layer merged by its slice's, the tensors outside the layers by the first or last slice's
     (mergekit's)."""
-    plan = METHODS[recipe.method].plan
     recipes = slice_recipes(recipe)
     if not recipes:
-        return plan(recipe, inputs)
-    planned: dict[int, MethodPlan] = {}  # a slice without params shares the recipe's plan
+        return METHODS[recipe.method].plan(recipe, inputs)
+    planned: dict[int, MethodPlan] = {}  # a slice merged as the recipe shares its plan
     for r in recipes:
         if id(r) not in planned:
-            planned[id(r)] = plan(r, inputs)
+            planned[id(r)] = _plan_over(r, inputs)
     return _by_slice([planned[id(r)] for r in recipes], inputs.slices)
+
+
+def _plan_over(recipe: Recipe, inputs: Inputs) -> MethodPlan:
+    """A slice's plan over the inputs it merges (some of the models), its indices the whole
+    recipe's."""
+    where = {ref.source: i for i, ref in enumerate(inputs.refs)}
+    index = [where[n.source] for n in named_sources(recipe)]
+    own = replace(inputs, refs=[inputs.refs[i] for i in index],
+                  checkpoints=[inputs.checkpoints[i] for i in index])  # fmt: skip
+    plan = METHODS[recipe.method].plan(recipe, own)
+    if index == list(range(len(inputs.refs))):
+        return plan
+    rule = plan.rule
+
+    def renumbered(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
+        op, terms, origin = rule(name, layer)
+        return op, tuple(replace(t, source=index[t.source]) for t in terms), origin
+
+    return replace(
+        plan,
+        rule=renumbered,
+        config_input=index[plan.config_input],
+        tokenizer_input=index[plan.tokenizer_input],
+        ties=plan.ties and replace(plan.ties, base=index[plan.ties.base]),
+        sparsify=plan.sparsify and replace(plan.sparsify, base=index[plan.sparsify.base]),
+    )
 
 
 def _by_slice(plans: list[MethodPlan], counts: tuple[int, ...]) -> MethodPlan:
@@ -165,7 +190,10 @@ def _shared_ties(plans: list[MethodPlan]) -> TiesSettings | None:
 
 
 def _sliced(
-    method: MethodPlan, slices: list[LayerSlice], refs: list[InputRef], layers: list[list[int]]
+    method: MethodPlan,
+    slices: list[LayerSlice],
+    refs: list[InputRef],
+    layers: list[list[int | None]],
 ) -> None:
     """A new depth; the ranges recorded, and each layer's origin naming the layer of each
     input it merges."""

@@ -84,21 +84,26 @@ def parse_recipe(data: Any) -> Recipe:
 
 
 def slice_recipes(recipe: Recipe) -> list[Recipe]:
-    """Where a slice sets its own params: per slice, the recipe it merges its layers by (the
-    recipe with the slice's params); [] where none does. Raises RecipeError naming the
-    slice's field (`slices.1.params.t`)."""
+    """Where a slice sets its own params or merges only some of the models: per slice, the
+    recipe it merges its layers by (the recipe with the slice's models, in the order it lists
+    them, and its params); [] where every slice merges as the recipe. Raises RecipeError
+    naming the slice's field (`slices.1.params.t`)."""
     slices = getattr(recipe, "slices", None) or []
-    if all(piece.params is None for piece in slices):
+    everyone = getattr(recipe, "models", [])
+    own = [[s.model for s in piece.sources if s.model != recipe.base] for piece in slices]
+    pairs = list(zip(slices, own, strict=True))
+    if all(piece.params is None and set(models) == set(everyone) for piece, models in pairs):
         return []
     data = recipe_to_dict(recipe)
     del data["slices"]
     found = []
-    for s, piece in enumerate(slices):
-        if piece.params is None:
+    for s, (piece, models) in enumerate(pairs):
+        if piece.params is None and set(models) == set(everyone):  # merged as the recipe
             found.append(recipe)
             continue
+        params = data.get("params", {}) if piece.params is None else piece.params
         try:
-            found.append(type(recipe).model_validate({**data, "params": piece.params}))
+            found.append(type(recipe).model_validate({**data, "models": models, "params": params}))
         except ValidationError as e:
             error = recipe_error_from(e.errors(), skip=0)
             where = str(error.details["field"])

@@ -53,18 +53,18 @@ class Fusion:
 
     def chunk(self, start: int, count: int) -> torch.Tensor:
         """Elements [start, start + count) of the output."""
-        if self._threshold is None:
-            with using_threads(self.threads):
+        with using_threads(self.threads):  # the rest is per entry: any count gives its bits
+            if self._threshold is None:
                 self._prepare()
-        assert self._kl is not None and self._threshold is not None
-        base = self.read(self.base, start, count)
-        change = self.read(self.model, start, count) - base
-        first, last = start // self.length, (start + count - 1) // self.length
-        kl = self._kl[first : last + 1].repeat_interleave(self.length)
-        offset = start - first * self.length
-        importance = change.abs() * kl[offset : offset + count]
-        # a float32 mask, as mergekit's: a narrow dtype's sum is then taken in float32
-        return base + change * (importance >= self._threshold).float()
+            assert self._kl is not None and self._threshold is not None
+            base = self.read(self.base, start, count)
+            change = self.read(self.model, start, count) - base
+            first, last = start // self.length, (start + count - 1) // self.length
+            kl = self._kl[first : last + 1].repeat_interleave(self.length)
+            offset = start - first * self.length
+            importance = change.abs() * kl[offset : offset + count]
+            # a float32 mask, as mergekit's: a narrow dtype's sum is then taken in float32
+            return base + change * (importance >= self._threshold).float()
 
     def _prepare(self) -> None:
         """Each row's KL, and the threshold from the quantiles of the importances, each written

@@ -21,6 +21,7 @@ import math
 import torch
 
 from engine.kernels.interpolation_torch import Read
+from engine.kernels.torch_threads import using_threads
 from engine.plan.model import TensorPlan
 
 DEFAULT_EPSILON = 1e-5  # mergekit's: |δ| at or below it does not take part
@@ -38,15 +39,17 @@ class Ram:
         self.epsilon = scalars.get("epsilon", DEFAULT_EPSILON)
         self.r, self.alpha = scalars.get("r"), scalars.get("alpha")
         self._lambdas: torch.Tensor | None = None
+        self.threads = 0  # torch's (0: as set): each entry's arithmetic is its own
 
     def chunk(self, start: int, count: int) -> torch.Tensor:
         """Elements [start, start + count) of the output."""
-        base, deltas = self._deltas(start, count)
-        if len(self.sources) == 1:  # no model besides the base
-            return base
-        if self.r is not None and self._lambdas is None:
-            self._lambdas = self._tensor_lambdas()
-        return merge(base, deltas, self.epsilon, self._lambdas)
+        with using_threads(self.threads):
+            base, deltas = self._deltas(start, count)
+            if len(self.sources) == 1:  # no model besides the base
+                return base
+            if self.r is not None and self._lambdas is None:
+                self._lambdas = self._tensor_lambdas()
+            return merge(base, deltas, self.epsilon, self._lambdas)
 
     def _deltas(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         xs = [self.read(s, start, count) for s in self.sources]

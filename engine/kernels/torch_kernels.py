@@ -148,7 +148,9 @@ class Kernels:
     def _ram_computation(self, tensor: TensorPlan) -> Compute:
         # ramplus_tl's counting pass by compute blocks too: by whole chunks its masks and int64
         # counts kept the heap at 684 MB (1.7B pair, bf16), by blocks at 511; counts are exact
-        return Ram(self._reader(tensor), tensor, chunk=self.compute_elements).chunk
+        merge = Ram(self._reader(tensor), tensor, chunk=self.compute_elements)
+        merge.threads = self.default_threads
+        return merge.chunk
 
     def _whole_tensor_computation(self, tensor: TensorPlan) -> Compute:
         """multislerp, karcher, sce, arcee_fusion: statistics of the whole tensor first, taken

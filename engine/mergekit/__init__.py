@@ -21,7 +21,6 @@ from engine.mergekit.chat_templates import check as check_chat_template
 from engine.mergekit.config import (
     TOP_LEVEL,
     IsLocal,
-    check_layer_filters,
     declared_dtype,
     dtype_name,
     model_source,
@@ -72,14 +71,12 @@ def translate(
     restacked = method.layer_stack == "restacked"  # it reads the config's slices itself
     views: list[MergekitConfig] = []
     if config.slices is not None and not restacked:
-        whole_models(config)
-        views = slice_views(config)
-        for view in views or [config]:
-            check_layer_filters(view, translation.per_model)
+        views = slice_views(whole_models(config))
     _check_parameter_names(config, translation, every_slice=restacked or config.sliced)
-    recipe = {"method": method.name, **translation.translate(config, translation)}
+    owns = [translation.translate(view, translation) for view in views]  # each slice's
+    recipe = {"method": method.name, **_whole(config, translation, bool(views))}
     if config.sliced:
-        recipe["slices"] = _sliced(recipe, config, views, translation)
+        recipe["slices"] = _sliced(recipe, config, owns)
     recipe["output"] = _output(data, dict(output or {}), translation.writes)
     recipe["arithmetic"] = _arithmetic(data, config, arithmetic)
     if credential is not None:
@@ -102,19 +99,30 @@ def translate(
     return Translated(parsed, origin)
 
 
+def _whole(config: MergekitConfig, translation: Translation, by_slice: bool) -> dict[str, Any]:
+    """The recipe's models, base and params: over every model the slices merge, where they
+    merge them each their own way (by_slice; each slice's own reading translated already)."""
+    try:
+        return translation.translate(config, translation)
+    except RecipeError as e:
+        if not by_slice or len(config.inputs) == len((config.slices or [])[0].inputs):
+            raise
+        raise RecipeError.for_field(
+            "slices",
+            f"merge {len(config.inputs)} models in all, which Layerswap's recipe for "
+            f"{config.method} takes together and cannot: {e.message}",
+        ) from None
+
+
 def _sliced(
-    recipe: dict[str, Any],
-    config: MergekitConfig,
-    views: list[MergekitConfig],
-    translation: Translation,
+    recipe: dict[str, Any], config: MergekitConfig, owns: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The recipe's slices; each whose parameters give other params than the recipe's has its
-    own (views: the config as each slice reads it)."""
+    """The recipe's slices; each whose models or parameters give other params than the
+    recipe's has its own (owns: each slice's own translation, where they differ)."""
     slices = recipe_slices(config)
-    for piece, view in zip(slices, views, strict=False):
-        params = translation.translate(view, translation)["params"]
-        if params != recipe["params"]:
-            piece["params"] = params
+    for piece, own in zip(slices, owns, strict=False):
+        if own["params"] != recipe["params"] or own["models"] != recipe["models"]:
+            piece["params"] = own["params"]
     return slices
 
 

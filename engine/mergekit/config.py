@@ -136,7 +136,11 @@ def whole_models(config: MergekitConfig) -> MergekitConfig:
     for piece in config.slices[1:]:
         _as_first(piece, first)
     config.sliced = True
-    config.inputs = first.inputs
+    union: dict[str, Input] = {}  # every slice's models, each where first named
+    for piece in config.slices:
+        for model in piece.inputs:
+            union.setdefault(model.source, model)
+    config.inputs = list(union.values())
     config.shared.insert(0, Place(f"{first.field}.parameters", first.parameters))
     if first.base is not None:  # mergekit: a slice's own base comes first
         config.base, config.base_field = first.base, first.base.field
@@ -148,17 +152,12 @@ def whole_models(config: MergekitConfig) -> MergekitConfig:
 
 
 def _as_first(piece: Slice, first: Slice) -> None:
-    """A later slice merges the models the first does: the recipe's slices each take a range
-    of every one of its models (their parameters may differ: slice_views)."""
-    same = "Layerswap's slices each merge the recipe's models"
-    if [m.source for m in piece.inputs] != [m.source for m in first.inputs]:
-        raise RecipeError.for_field(
-            f"{piece.field}.sources",
-            f"{same}, so each must take the same models in the same order as {first.field}",
-        )
+    """A later slice merges over the first's base (its models and parameters may differ:
+    slice_views)."""
     if (piece.base and piece.base.source) != (first.base and first.base.source):
         raise RecipeError.for_field(
-            f"{piece.field}.base_model", f"differs from {first.field}.base_model: {same}"
+            f"{piece.field}.base_model",
+            f"differs from {first.field}.base_model: Layerswap's slices merge over one base",
         )
 
 
@@ -167,8 +166,7 @@ def slice_views(config: MergekitConfig) -> list[MergekitConfig]:
     that slice reads it (its sources' and its own parameters before the config's); [] where
     every slice reads them as the first."""
     assert config.slices is not None
-    first = config.slices[0]
-    if all(_same_parameters(piece, first) for piece in config.slices[1:]):
+    if all(_as_written(piece, config) for piece in config.slices):
         return []
     views = []
     for piece in config.slices:
@@ -180,29 +178,16 @@ def slice_views(config: MergekitConfig) -> list[MergekitConfig]:
     return views
 
 
-def _same_parameters(piece: Slice, first: Slice) -> bool:
-    return piece.parameters == first.parameters and all(
-        m.parameters == theirs.parameters
-        for m, theirs in zip(piece.inputs, first.inputs, strict=True)
-    )
-
-
-def check_layer_filters(config: MergekitConfig, per_model: frozenset[str]) -> None:
-    """mergekit matches a per-model parameter's filters against the model's own tensor names,
-    here other layers than the output's: a filter naming a layer number would match otherwise."""
-    blocks = [(f"{m.field}.parameters", m.parameters) for m in config.inputs]
-    for where, block in blocks + config.shared_blocks:
-        for name in sorted(per_model & set(block)):
-            value = block[name]
-            conditions = value if isinstance(value, list) else []
-            filters = [c.get("filter") for c in conditions if isinstance(c, dict)]
-            if any(isinstance(f, str) and any(ch.isdigit() for ch in f) for f in filters):
-                raise RecipeError.for_field(
-                    f"{where}.{name}",
-                    "a filter with a digit, in slices taking other layers of each model: "
-                    "mergekit matches it against each model's own layer names, Layerswap "
-                    "against the output's",
-                )
+def _as_written(piece: Slice, config: MergekitConfig) -> bool:
+    """Whether a slice merges the config's models (all of them, in order) with the parameters
+    the config reads for them (the first slice's)."""
+    first = config.slices[0] if config.slices else piece
+    return (
+        piece.parameters == first.parameters
+        and [m.source for m in piece.inputs] == [m.source for m in config.inputs]
+        and all(m.parameters == theirs.parameters
+                for m, theirs in zip(piece.inputs, config.inputs, strict=True))
+    )  # fmt: skip
 
 
 def recipe_slices(config: MergekitConfig) -> list[dict[str, Any]]:

@@ -51,6 +51,13 @@ class Inputs:
         found = self.indices("base")
         return found[0] if found else None
 
+    def own_names(self, indices: Sequence[int], name: str) -> list[str]:
+        """Each input's own name of output tensor `name`: a slice's view numbers its layers
+        as the output does, and a per-model setting's filters match the model's own names,
+        as mergekit's do."""
+        found = [self.checkpoints[i].tensors.get(name) for i in indices]
+        return [name if info is None else info.name for info in found]
+
     def magnitudes(self, indices: Sequence[int], field: str) -> list[float]:
         """Each expert's mean row MAV against the base (DESIGN §3.3); needs the base."""
         from engine.analysis.deltas import expert_magnitude  # imports torch: only magnitude weights

@@ -73,8 +73,9 @@ def plan_linear(recipe: LinearRecipe, inputs: Inputs) -> MethodPlan:
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         at = position(layer, num_layers)
         made = []
+        own = inputs.own_names(models, name)  # each model's own name of it, as mergekit's
         for i, (source, setting) in enumerate(zip(models, settings, strict=True)):
-            weight = resolve(setting, name=name, at=at)
+            weight = resolve(setting, name=own[i], at=at)
             if weight is None:
                 raise RecipeError.for_field(f"params.weights.{i}", f"no filter matches {name}")
             made.append(Term(source, weight))

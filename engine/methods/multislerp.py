@@ -83,8 +83,9 @@ def plan_multislerp(recipe: MultislerpRecipe, inputs: Inputs) -> MethodPlan:
     def resolved(name: str, layer: int | None) -> tuple[list[float], bool]:
         at = position(layer, num_layers)
         found = []
+        own = inputs.own_names(models, name)  # each model's own name of it, as mergekit's
         for i, setting in enumerate(weights):
-            value = resolve(setting, name=name, at=at)
+            value = resolve(setting, name=own[i], at=at)
             if value is None:
                 raise RecipeError.for_field(f"params.weights.{i}", f"no filter matches {name}")
             found.append(value)

@@ -81,8 +81,9 @@ def plan_nuslerp(recipe: NuslerpRecipe, inputs: Inputs) -> MethodPlan:
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
         at = position(layer, num_layers)
         w = []
+        own = inputs.own_names([first, second], name)  # each model's own name, as mergekit's
         for i, setting in enumerate(weights):
-            value = resolve(setting, name=name, at=at)
+            value = resolve(setting, name=own[i], at=at)
             if value is None:
                 raise RecipeError.for_field(f"params.weights.{i}", f"no filter matches {name}")
             w.append(value)

@@ -108,6 +108,8 @@ def _method(
                 Parameter(key, field.default, into=key)
                 for key, field in params.model_fields.items()
             ),
+            # ramplus_tl's λ is float32, so mergekit's result is (engine/plan/arithmetic.py)
+            writes="float32" if name == "ramplus_tl" else None,
         ),
         **described,
     )

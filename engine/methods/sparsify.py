@@ -18,7 +18,7 @@ Weights and the per-model amounts (density, gamma, epsilon) may vary by layer or
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -156,12 +156,14 @@ def plan_sparsify(
     num_layers = layer_count(inputs, recipe.method, [*settings, q.lambda_])
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        resolved = resolved_values(weights, name, position(layer, num_layers))
+        own = inputs.own_names(models, name)
+        resolved = resolved_values(weights, own, position(layer, num_layers))
         return "sparsify", tuple(map(Term, models, resolved)), recipe.method
 
     def thinning(name: str, layer: int | None) -> Thinning:
         at = position(layer, num_layers)
-        found = {a: resolved_values(pairs, name, at) for a, pairs in amounts.items()}
+        own = inputs.own_names(models, name)
+        found = {a: resolved_values(pairs, own, at) for a, pairs in amounts.items()}
         made = Thinning(
             densities=found["density"],
             lambda_=resolved_value(q.lambda_, "params.lambda", name, at),
@@ -197,23 +199,31 @@ def fixed_value(setting: object) -> float | None:
 
 
 def thinning_by_tensor(
-    densities: Sequence[tuple[Setting, str]], lambda_: Setting, num_layers: Depth
+    densities: Sequence[tuple[Setting, str]],
+    lambda_: Setting,
+    num_layers: Depth,
+    own_names: Callable[[str], Sequence[str]],
 ) -> ThinningRule:
-    """Per tensor: the models' densities and λ, resolved at its depth (TIES's and task
-    arithmetic's amounts where they vary)."""
+    """Per tensor: the models' densities (each matched against the model's own name of the
+    tensor: `own_names`) and λ, resolved at its depth (TIES's and task arithmetic's amounts
+    where they vary)."""
 
     def thinning(name: str, layer: int | None) -> Thinning:
         at = position(layer, num_layers)
-        found = resolved_values(densities, name, at)
+        found = resolved_values(densities, own_names(name), at)
         return Thinning(found, lambda_=resolved_value(lambda_, "params.lambda", name, at))
 
     return thinning
 
 
 def resolved_values(
-    pairs: Sequence[tuple[Setting, str]], name: str, at: float
+    pairs: Sequence[tuple[Setting, str]], names: Sequence[str], at: float
 ) -> tuple[float, ...]:
-    return tuple(resolved_value(setting, field, name, at) for setting, field in pairs)
+    """Per model, its setting for the tensor it names `names[i]` (its own name of it)."""
+    return tuple(
+        resolved_value(setting, field, name, at)
+        for (setting, field), name in zip(pairs, names, strict=True)
+    )
 
 
 def resolved_weights(weights: Sequence[tuple[Setting, str]], seed: int | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ coefficients.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
@@ -75,11 +76,12 @@ def plan_task_arithmetic(recipe: TaskArithmeticRecipe, inputs: Inputs) -> Method
     shared = fixed_value(q.lambda_)
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        found = resolved_values(weights, name, position(layer, num_layers))
+        found = resolved_values(weights, own(name), position(layer, num_layers))
         return "task_arithmetic", tuple(map(Term, models, found)), "task_arithmetic"
 
     # λ where it varies (nothing is trimmed: density 1 for every model)
-    thinning = thinning_by_tensor(per_model(1.0, "", len(models)), q.lambda_, num_layers)
+    own = partial(inputs.own_names, models)
+    thinning = thinning_by_tensor(per_model(1.0, "", len(models)), q.lambda_, num_layers, own)
 
     return MethodPlan(
         rule=rule,

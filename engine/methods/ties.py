@@ -21,6 +21,7 @@ dropping `magnitude`: the same exact top-k, with sign consensus), which sum them
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
@@ -118,10 +119,11 @@ def plan_ties(recipe: TiesRecipe, inputs: Inputs) -> MethodPlan:
     op: Op = "sparsify" if q.rescale else "ties"
 
     def rule(name: str, layer: int | None) -> tuple[Op, tuple[Term, ...], str]:
-        found = resolved_values(weights, name, position(layer, num_layers))
+        found = resolved_values(weights, own(name), position(layer, num_layers))
         return op, tuple(map(Term, models, found)), "ties"
 
-    thinning = thinning_by_tensor(densities, q.lambda_, num_layers)
+    own = partial(inputs.own_names, models)
+    thinning = thinning_by_tensor(densities, q.lambda_, num_layers, own)
     resolved = resolved_weights(weights, None)
     if q.rescale:
         return MethodPlan(

@@ -20,8 +20,9 @@ _NAMES = {"float32": "F32", "float64": "F64", "bfloat16": "BF16", "float16": "F1
 # `dtype`; Layerswap's own linear ops (soups, layer swaps, conversions) are taken as they are.
 FLOAT32_OPS = frozenset({"linear", "weighted_sum", "weighted_mean", "slerp"})
 # Ops whose mergekit result is wider than `dtype` and is written so, not rounded to it:
-# arcee_fusion's base + change·mask with a float32 mask is float32.
-WIDE_RESULTS = frozenset({"arcee_fusion"})
+# arcee_fusion's base + change·mask with a float32 mask is float32, and so is ramplus_tl's sum
+# with its float32 λ.
+WIDE_RESULTS = frozenset({"arcee_fusion", "ramplus_tl"})
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,15 @@ _BEFORE_LAYERS = re.compile(
 
 def input_layers(
     slices: Sequence[LayerSlice], refs: Sequence[InputRef], checkpoints: Sequence[Checkpoint]
-) -> list[list[int]]:
-    """Per input, the input layer each output layer reads, checked against its layers."""
-    layers: list[list[int]] = [[] for _ in refs]
+) -> list[list[int | None]]:
+    """Per input, the input layer each output layer reads, checked against its layers; None
+    for the layers of a slice that does not merge it."""
+    layers: list[list[int | None]] = [[] for _ in refs]
     for s, piece in enumerate(slices):
+        for ref in set(range(len(refs))) - {_ref(refs, x.model) for x in piece.sources}:
+            layers[ref] += [None] * piece.layer_count
         for i, source in enumerate(piece.sources):
-            ref = next(r for r, found in enumerate(refs) if found.source == source.model)
+            ref = _ref(refs, source.model)
             count = checkpoints[ref].require_layers("slices").count
             start, end = source.layer_range
             if end > count:
@@ -53,8 +56,14 @@ def input_layers(
     return layers
 
 
-def restacked(checkpoint: Checkpoint, layers: Sequence[int]) -> Checkpoint:
-    """`checkpoint` as the output names its tensors: view layer k is its layer layers[k]."""
+def _ref(refs: Sequence[InputRef], source: str) -> int:
+    return next(r for r, found in enumerate(refs) if found.source == source)
+
+
+def restacked(checkpoint: Checkpoint, layers: Sequence[int | None]) -> Checkpoint:
+    """`checkpoint` as the output names its tensors: view layer k is its layer layers[k]; a
+    layer it does not merge (None) is its layer 0, which no plan reads but which keeps the
+    views alike (checked against each other as whole models)."""
     stack = checkpoint.require_layers("slices")
     tensors = {}
     by_layer: dict[int, list[str]] = {}
@@ -71,7 +80,7 @@ def restacked(checkpoint: Checkpoint, layers: Sequence[int]) -> Checkpoint:
             by_layer.setdefault(layer, []).append(name)
     for k, j in enumerate(layers):  # each info keeps its name in its file
         tensors.update({_renamed(name, stack, k): checkpoint.tensors[name]
-                        for name in by_layer.get(j, [])})  # fmt: skip
+                        for name in by_layer.get(0 if j is None else j, [])})  # fmt: skip
     config = copy.deepcopy(checkpoint.config)
     set_config_values(config, {stack.count_key: len(layers)})
     return replace(checkpoint, config=config, tensors=tensors, _fds={})
@@ -87,10 +96,12 @@ def described(slices: Sequence[LayerSlice], refs: Sequence[InputRef]) -> list[di
     return [{label[s.model]: list(s.layer_range) for s in piece.sources} for piece in slices]
 
 
-def read_at(refs: Sequence[InputRef], layers: Sequence[Sequence[int]], layer: int) -> str:
+def read_at(refs: Sequence[InputRef], layers: Sequence[Sequence[int | None]], layer: int) -> str:
     """Which layer of each input output layer `layer` merges (models[0] layer 2, ...)."""
     pairs = zip(refs, layers, strict=True)
-    return ", ".join(f"{ref.label} layer {found[layer]}" for ref, found in pairs)
+    return ", ".join(
+        f"{ref.label} layer {found[layer]}" for ref, found in pairs if found[layer] is not None
+    )
 
 
 def slice_of(layer: int, counts: Sequence[int]) -> int:

@@ -304,21 +304,27 @@ class ModelsRecipe(RecipeBase):
         min_length=1,
         max_length=MAX_SLICES,
         description="the output's layers, stacked in order (mergekit's slices): each slice's "
-        "k-th layer merges layer start+k of each source (models and base, each once, its "
-        "ranges as long as the others); absent: every layer of the models, each from the same "
-        "layer of every one",
+        "k-th layer merges layer start+k of each of its sources (the base and some or all of "
+        "the models, each once, its ranges as long as the others; a slice with its own params "
+        "or some of the models merges them in the order it lists them); absent: every layer "
+        "of the models, each from the same layer of every one",
     )
 
     @model_validator(mode="after")
     def _slices_name_every_source(self) -> Self:
         written = [n.source for n in self.sources()]
+        used: set[str] = set()
         for s, piece in enumerate(self.slices or []):
             named = [source.model for source in piece.sources]
-            if sorted(named) != sorted(written):
+            if len(set(named)) != len(named) or not set(named) <= set(written):
                 raise ValueError(
                     f"slices.{s}.sources names {', '.join(map(repr, named))}: each slice takes "
-                    f"a range of every source of the recipe, once ({', '.join(map(repr, written))})"
+                    f"a range of the recipe's sources, each once ({', '.join(map(repr, written))})"
                 )
+            if self.base is not None and self.base not in named:
+                raise ValueError(f"slices.{s}.sources lacks the base {self.base!r}: each slice "
+                                 "merges over it")  # fmt: skip
+            used.update(named)
             spans = [end - start for start, end in (x.layer_range for x in piece.sources)]
             for i, span in enumerate(spans):
                 if span != spans[0]:
@@ -326,6 +332,8 @@ class ModelsRecipe(RecipeBase):
                         f"slices.{s}.sources.{i}.layer_range spans {span} layers, the slice's "
                         f"first source {spans[0]}: a slice's sources take as many layers each"
                     )
+        if self.slices and (unused := [m for m in written if m not in used]):
+            raise ValueError(f"models.{written.index(unused[0])} {unused[0]!r} is in no slice")
         return self
 
     def sources(self) -> list[NamedSource]:

@@ -390,6 +390,59 @@ def test_slices_with_their_own_parameters_merge_as_mergekit_does(
     assert any("params" in piece for piece in slices)  # merged by more than one set
 
 
+# A per-model parameter's filter naming a layer, in slices over other layers of each model:
+# mergekit matches it against the model's own tensor names (model 0 of linear takes its layer
+# 3 at output layer 2; ties' task its layer 4 at output layer 1), a shared one the output's.
+LAYER_FILTERS: dict[str, tuple[int, dict[str, Any]]] = {
+    "linear": (0, {"weight": [{"filter": "layers.3.", "value": 3.0}, {"value": 1.0}]}),
+    "ties": (1, {"density": [{"filter": "layers.4.", "value": 0.2}, {"value": 0.6}]}),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYER_FILTERS))
+def test_a_models_filter_naming_a_layer_matches_its_own_layers_as_mergekit_does(
+    case: str, llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    config = offset_slices(configs(llama, llama32)[case], OFFSETS[case])
+    model, parameters = LAYER_FILTERS[case]
+    for piece in config["slices"]:
+        source = piece["sources"][model]
+        source["parameters"] = {**source.get("parameters", {}), **parameters}
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+
+
+def other_models(config: dict[str, Any], swaps: dict[int, tuple[int, str]]) -> dict[str, Any]:
+    """`config`'s slices with source i of slice s another model (swaps: s -> (i, model))."""
+    for s, (i, model) in swaps.items():
+        config["slices"][s]["sources"][i] = {**config["slices"][s]["sources"][i], "model": model}
+    return config
+
+
+@pytest.mark.parametrize("case", ["linear", "ties", "task_arithmetic"])
+def test_slices_over_other_models_merge_as_mergekit_does(
+    case: str, llama: Family, llama32: Family, tmp_path: Path
+) -> None:
+    """Each slice merges its own sources, the embeddings by the first slice's models and the
+    final norm and head by the last's."""
+    config = offset_slices(configs(llama, llama32)[case], OFFSETS[case])
+    family = llama if case == "linear" else llama32
+    other = str(family.language2)
+    config = other_models(config, {1: (1, other)} if case != "linear" else {0: (1, other)})
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
+    assert other in manifest["recipe"]["models"]
+
+
 def test_slices_that_thin_deltas_each_their_own_way_are_refused(
     llama: Family, llama32: Family, tmp_path: Path
 ) -> None:

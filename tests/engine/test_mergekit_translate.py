@@ -289,21 +289,27 @@ def test_a_slice_with_its_own_parameters_gets_its_own_params() -> None:
     refused(bad, "slices.1.parameters.t", "not a number")
 
 
+def test_slices_over_other_models_get_the_models_of_all_and_their_own() -> None:
+    config = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    config |= {"merge_method": "linear", "base_model": None, "parameters": {"weight": 1.0}}
+    config["slices"][1]["sources"][0]["model"] = "./c"  # then ./b: another order too
+    written = recipe_to_dict(translate(config, is_local=local).recipe)
+    assert (written["models"], written["params"]["weights"]) == (["./a", "./b", "./c"], [1.0] * 3)
+    assert [[s["model"] for s in piece["sources"]] for piece in written["slices"]] == [
+        ["./a", "./b"],
+        ["./c", "./b"],
+    ]
+    assert [piece["params"]["weights"] for piece in written["slices"]] == [[1.0, 1.0]] * 2
+
+
 def test_slices_layerswap_cannot_merge_as_mergekit_does_are_refused() -> None:
     refused(sliced([[0, 6], [0, 5]]), "slices.0.sources.1.layer_range", "as many layers")
     other = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
     other["slices"][1]["sources"][1]["model"] = "./c"
-    refused(other, "slices.1.sources", "the same models in the same order as slices.0")
+    refused(other, "slices", "merge 3 models in all, which Layerswap's recipe for slerp")
     based = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
     based["slices"][1]["base_model"] = "./b"
     refused(based, "slices.1.base_model", "differs from slices.0.base_model")
-    filtered = {
-        "merge_method": "linear",
-        "slices": [{"sources": [{"model": "./a", "layer_range": [0, 3]},
-                                {"model": "./b", "layer_range": [3, 6]}]}],
-        "parameters": {"weight": [{"filter": "layers.1.", "value": 2.0}, {"value": 1.0}]},
-    }  # fmt: skip
-    refused(filtered, "parameters.weight", "a filter with a digit")
 
 
 # -- task arithmetic -------------------------------------------------------------------------

@@ -96,23 +96,26 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bfloat16-as-written"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_equals_mergekit(
     case: str, dtype: str, llama: Family, llama32: Family, run_merge: Any, tmp_path: Path
 ) -> None:
-    """float32 checkpoints in float32; bf16 ones in mergekit's bf16 arithmetic (out_dtype set:
-    ramplus_tl's float32 λ makes mergekit's result float32, written so without one)."""
+    """float32 checkpoints in float32; bf16 ones in mergekit's bf16 arithmetic, with out_dtype
+    and without (ramplus_tl's float32 λ makes mergekit's result float32, written so)."""
     family = llama32 if dtype == "float32" else llama
     method, params = CASES[case]
     config = {"merge_method": method, "base_model": str(family.base),
               "models": [{"model": str(getattr(family, n))} for n in NAMES],
-              "parameters": params, "dtype": dtype, "out_dtype": dtype}  # fmt: skip
+              "parameters": params, "dtype": dtype.removesuffix("-as-written")}  # fmt: skip
+    if not dtype.endswith("-as-written"):
+        config["out_dtype"] = config["dtype"]
     ours, theirs = (
         load(translated_merge(config, run_merge)),
         load(run_mergekit(config, tmp_path / "mk")),
     )
     assert set(ours) == set(theirs)
+    assert {n: t.dtype for n, t in ours.items()} == {n: t.dtype for n, t in theirs.items()}
     assert max(ulp_distance(ours[n], theirs[n]) for n in ours) == 0
     assert any(not torch.equal(ours[n], load(family.base)[n]) for n in ours)
 

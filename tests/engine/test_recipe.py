@@ -75,6 +75,15 @@ INVALID: dict[str, tuple[Any, str]] = {
     "output-dtype": ({**SOUP, "output": {"dtype": "int8"}}, "output.dtype"),
     "shard-size-garbage": ({**SOUP, "output": {"shard_size": "lots"}}, "output.shard_size"),
     "shard-size-tiny": ({**SOUP, "output": {"shard_size": "10B"}}, "output.shard_size"),
+    "slice-unknown-source": (
+        {**SOUP, "slices": [{"sources": [{"model": "./c", "layer_range": [0, 2]}]}]},
+        "slices.0.sources",
+    ),
+    "slice-without-base": ({**TIES, "slices": [SLICE]}, "slices.0.sources"),
+    "model-in-no-slice": (
+        {**SOUP, "models": ["./a", "./b", "./c"], "slices": [SLICE]},
+        "models.2",
+    ),
     "slice-param-unknown": (
         {**SOUP, "slices": [SLICE, {**SLICE, "params": {"density": 0.5}}]},
         "slices.1.params.density",
