@@ -130,11 +130,12 @@ def _ignored(entry: dict[str, Any], fields: set[str], where: str) -> list[str]:
 def whole_models(config: MergekitConfig) -> MergekitConfig:
     """A non-passthrough config written with `slices`: they become the recipe's (each source's
     layers merged index by index, the slices stacked; one slice of every layer merges whole
-    models), over the same models in each (their parameters may differ: slice_views)."""
+    models), the config's models every one the slices merge (a slice's own models and
+    parameters: slice_views)."""
     assert config.slices is not None
     first = config.slices[0]
     for piece in config.slices[1:]:
-        _as_first(piece, first)
+        _same_base(piece, first)
     config.sliced = True
     union: dict[str, Input] = {}  # every slice's models, each where first named
     for piece in config.slices:
@@ -151,7 +152,7 @@ def whole_models(config: MergekitConfig) -> MergekitConfig:
     return config
 
 
-def _as_first(piece: Slice, first: Slice) -> None:
+def _same_base(piece: Slice, first: Slice) -> None:
     """A later slice merges over the first's base (its models and parameters may differ:
     slice_views)."""
     if (piece.base and piece.base.source) != (first.base and first.base.source):
@@ -162,11 +163,11 @@ def _as_first(piece: Slice, first: Slice) -> None:
 
 
 def slice_views(config: MergekitConfig) -> list[MergekitConfig]:
-    """Per slice of a sliced config whose slices set parameters differently, the config as
-    that slice reads it (its sources' and its own parameters before the config's); [] where
-    every slice reads them as the first."""
+    """Per slice of a sliced config whose slices merge other models or set parameters
+    differently, the config as that slice reads it (its sources, their parameters and its own
+    before the config's); [] where every slice merges the config's models as the first."""
     assert config.slices is not None
-    if all(_as_written(piece, config) for piece in config.slices):
+    if all(_as_written(piece, config.slices[0], config) for piece in config.slices):
         return []
     views = []
     for piece in config.slices:
@@ -178,10 +179,9 @@ def slice_views(config: MergekitConfig) -> list[MergekitConfig]:
     return views
 
 
-def _as_written(piece: Slice, config: MergekitConfig) -> bool:
+def _as_written(piece: Slice, first: Slice, config: MergekitConfig) -> bool:
     """Whether a slice merges the config's models (all of them, in order) with the parameters
     the config reads for them (the first slice's)."""
-    first = config.slices[0] if config.slices else piece
     return (
         piece.parameters == first.parameters
         and [m.source for m in piece.inputs] == [m.source for m in config.inputs]

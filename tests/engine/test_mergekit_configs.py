@@ -355,6 +355,17 @@ def test_slices_of_other_layers_of_each_model_merge_as_mergekit_does(
     assert_forward_pass(ours)
 
 
+def merged_as_mergekit(config: dict[str, Any], tmp_path: Path) -> None:
+    """`layerswap merge` of `config` into tmp_path/ours: every tensor equal to mergekit's, bit
+    for bit."""
+    done = merge_config(config, tmp_path)
+    assert done.returncode == 0, done.stderr
+    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
+    assert set(mine) == set(reference)
+    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
+    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+
+
 # Slices that set their parameters each their own way (slice or source parameters), over
 # other layers of each model: each slice's layers merged by its own, the tensors before the
 # layers by the first slice's and those after them by the last's, as mergekit does.
@@ -380,12 +391,7 @@ def test_slices_with_their_own_parameters_merge_as_mergekit_does(
         for i, parameters in own.get("sources", {}).items():
             source = piece["sources"][i]
             source["parameters"] = {**source.get("parameters", {}), **parameters}
-    done = merge_config(config, tmp_path)
-    assert done.returncode == 0, done.stderr
-    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
-    assert set(mine) == set(reference)
-    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
-    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    merged_as_mergekit(config, tmp_path)
     slices = json.loads((tmp_path / "ours" / "layerswap.json").read_text())["recipe"]["slices"]
     assert any("params" in piece for piece in slices)  # merged by more than one set
 
@@ -408,12 +414,7 @@ def test_a_models_filter_naming_a_layer_matches_its_own_layers_as_mergekit_does(
     for piece in config["slices"]:
         source = piece["sources"][model]
         source["parameters"] = {**source.get("parameters", {}), **parameters}
-    done = merge_config(config, tmp_path)
-    assert done.returncode == 0, done.stderr
-    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
-    assert set(mine) == set(reference)
-    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
-    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    merged_as_mergekit(config, tmp_path)
 
 
 def other_models(config: dict[str, Any], swaps: dict[int, tuple[int, str]]) -> dict[str, Any]:
@@ -433,12 +434,7 @@ def test_slices_over_other_models_merge_as_mergekit_does(
     family = llama if case == "linear" else llama32
     other = str(family.language2)
     config = other_models(config, {1: (1, other)} if case != "linear" else {0: (1, other)})
-    done = merge_config(config, tmp_path)
-    assert done.returncode == 0, done.stderr
-    mine, reference = load(tmp_path / "ours"), load(run_mergekit(config, tmp_path / "mergekit"))
-    assert set(mine) == set(reference)
-    worst = {name: ulp_distance(mine[name], reference[name]) for name in mine}
-    assert max(worst.values()) == 0, {n: d for n, d in worst.items() if d}
+    merged_as_mergekit(config, tmp_path)
     manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
     assert other in manifest["recipe"]["models"]
 
