@@ -54,8 +54,8 @@ UNSUPPORTED = {
     "kasa_config": "a LoRA variant",
     "monteclora_config": "a LoRA variant",
 }
-_UPDATE_ELEMENTS = 1 << 20  # the update is added a block of rows of about this many at a time
-_ADAPTED_KEPT = 2  # adapted tensors kept made: the one being written and the next one read
+_UPDATE_ELEMENTS = 1 << 18  # the update is added a block of rows of about this many at a time
+_ADAPTED_KEPT = 1  # adapted tensors kept made: the kernels' threads read one's parts, then the next
 
 
 def split_source(source: str) -> tuple[str, str | None]:
@@ -134,9 +134,10 @@ class LoraAdapter:
             return found
 
     def _make(self, weight: TensorInfo, fd: int) -> memoryview:
-        """The adapted weight's bytes: the weight read whole, the update added into it a block
-        of rows at a time, without whole-weight temporaries (with them, a linear merge of a 1.7B
-        model and an adapter on 96 weights peaked at 0.9-1.2 GB, without them 0.58-0.65 GB)."""
+        """The adapted weight's bytes: B @ A made whole, as PEFT makes it (MKL's product of a
+        block of rows is not always, to the bit, those rows of the whole product), then added
+        into the weight a block of rows at a time (elementwise: the same bits) so that the
+        addition makes no whole-weight float32 temporary."""
         # torch: seconds to import; its matmul and in-place add are PEFT's, to the bit
         import torch
 
@@ -149,14 +150,13 @@ class LoraAdapter:
             a, b = (_tensor(adapter_fd, t).to(dtype) for t in (target.a, target.b))
         finally:
             os.close(adapter_fd)
-        rows = w.view(w.shape[0], -1)
+        update = (b @ a).mul_(self.scaling)
+        if self.fan_in_fan_out:  # w is (B @ A)ᵀ's shape
+            update = update.T
+        rows, update = w.view(w.shape[0], -1), update.reshape(w.shape[0], -1)
         step = max(1, _UPDATE_ELEMENTS // max(1, rows.shape[1]))
         for lo in range(0, rows.shape[0], step):
-            hi = min(lo + step, rows.shape[0])
-            if self.fan_in_fan_out:  # w is (B @ A)ᵀ's shape: its rows are A's columns
-                rows[lo:hi] += (b @ a[:, lo:hi]).mul_(self.scaling).T
-            else:
-                rows[lo:hi] += (b[lo:hi] @ a).mul_(self.scaling)
+            rows[lo : lo + step] += update[lo : lo + step]
         return w.view(-1).view(torch.uint8).numpy().data
 
     def _open(self, file: Path) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from engine.io import lora as lora_module
+from engine.io.safetensors_format import read_header
 from layerswap.cli.merge import merge
 from tests.conftest import Family
 from tests.engine.mergekit_parity import mergekit_reply
@@ -265,3 +267,50 @@ def test_the_update_added_a_block_of_rows_at_a_time_equals_it_added_whole(
     assert code == 0, stderr
     assert rows > 3, "the weight takes several blocks"
     assert_same(load(out), adapted(llama.base, adapter))
+
+
+@pytest.mark.parametrize("fan_in_fan_out", [False, True])
+@pytest.mark.parametrize("rank", [4, 16, 64])
+def test_a_float32_weight_read_in_pieces_equals_the_whole_product(
+    rank: int, fan_in_fan_out: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In float32, where no rounding to a narrower dtype hides the last bit, an adapted weight
+    read in pieces of any size and place equals W + scaling·(B @ A) computed whole, as PEFT
+    computes it, though the update is added to it a few rows at a time (MKL's product of a
+    block of B's rows is not always, to the bit, those rows of the whole product: it is made
+    whole)."""
+    monkeypatch.setattr(lora_module, "_UPDATE_ELEMENTS", 20 * 257)  # blocks of 20 and 2 rows
+    generator = torch.Generator().manual_seed(rank)
+    weights, halves = {}, {}
+    for name, (rows, columns) in {"narrow": (203, 257), "wide": (203, 2048)}.items():
+        weights[f"{name}.weight"] = torch.randn(rows, columns, generator=generator)
+        made, taken = (columns, rows) if fan_in_fan_out else (rows, columns)
+        halves[f"base_model.model.{name}.lora_A.weight"] = torch.randn(
+            rank, taken, generator=generator
+        )
+        halves[f"base_model.model.{name}.lora_B.weight"] = torch.randn(
+            made, rank, generator=generator
+        )
+    model, adapter_dir = tmp_path / "model.safetensors", tmp_path / "adapter"
+    save_file(weights, str(model))
+    adapter_dir.mkdir()
+    save_file(halves, str(adapter_dir / "adapter_model.safetensors"))
+    settings = {"peft_type": "LORA", "r": rank, "lora_alpha": 3.0, "fan_in_fan_out": fan_in_fan_out}
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(settings))
+    adapter = lora_module.LoraAdapter.open(adapter_dir)
+    infos, _ = read_header(model)
+    adapter.check(infos, model)
+    fd = os.open(model, os.O_RDONLY)
+    try:
+        for name, w in weights.items():
+            module = name.removesuffix(".weight")
+            a, b = (halves[f"base_model.model.{module}.lora_{half}.weight"] for half in "AB")
+            update = (b @ a).mul_(3.0 / rank)
+            expected = (w + (update.T if fan_in_fan_out else update)).numpy().tobytes()
+            size = len(expected)
+            for first, n in [(0, size), (0, 4), (size - 4, 4), (12_345, 40_000), (777, size - 999)]:
+                piece = bytearray(n)
+                adapter.read_into(infos[name], fd, memoryview(piece), first)
+                assert piece == expected[first : first + n], (name, first, n)
+    finally:
+        os.close(fd)
