@@ -10,7 +10,8 @@ bench/configs/ (the configs' model paths are relative to it, which both tools ac
 `/usr/bin/time -v`, after its inputs were read through once (warm page cache, as run.py's
 figures); mergekit under `timeout` (a run cut short is reported as "> S s"), with
 `--lora-merge-cache` where a config has a `model+lora` reference (it refuses one without).
-Layerswap runs with `-q` and a sha256 cache of the inputs filled beforehand. Each result is
+Layerswap runs with `-q`, a sha256 cache of the inputs filled beforehand, and its modules
+compiled to bytecode first (pip compiled mergekit's at install). Each result is
 appended to bench/results/mergekit-methods.jsonl as one JSON line; the outputs are deleted once
 compared.
 """
@@ -32,6 +33,7 @@ from bench.run import (
     LAYERSWAP,
     MERGEKIT,
     RESULTS_DIR,
+    ROOT,
     TIME,
     Tensors,
     compare_outputs,
@@ -141,6 +143,16 @@ def run_one(name: str, timeout: int, source: str | None) -> dict[str, Any]:
     return result
 
 
+def compile_layerswap(source: Path) -> None:
+    """Layerswap's modules and its virtualenv compiled to bytecode once, before any timing, as
+    scripts/run.sh compiles them (pip compiled mergekit's at install): where
+    PYTHONDONTWRITEBYTECODE is set, each run would otherwise compile them again."""
+    packages = [source / p for p in ("core", "engine", "layerswap", "service", "worker")]
+    site = sorted((ROOT / ".venv" / "lib").glob("python3*/site-packages"))
+    compileall = [str(ROOT / ".venv" / "bin" / "python"), "-m", "compileall", "-q", "-j", "0"]
+    subprocess.run([*compileall, *map(str, packages + site)], check=False, capture_output=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*")
@@ -150,6 +162,7 @@ def main() -> None:
     names = args.names or sorted(p.stem for p in CONFIGS.glob("*.yml"))
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS_DIR.mkdir(exist_ok=True)
+    compile_layerswap(Path(args.layerswap_source or ROOT))
     for name in names:
         result = run_one(name, args.mergekit_timeout, args.layerswap_source)
         with open(RESULTS_DIR / "mergekit-methods.jsonl", "a") as out:
