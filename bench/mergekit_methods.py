@@ -3,7 +3,7 @@ one run each, and compares the two outputs tensor by tensor.
 
     .venv/bin/python bench/make_checkpoints.py --preset large   # bench/data/large/{base,task,lang}
     .venv/bin/python bench/make_lora.py                         # bench/data/large/lora
-    .venv/bin/python bench/mergekit_methods.py [NAME ...] [--mergekit-timeout S]
+    .venv/bin/python bench/mergekit_methods.py [NAME ...] [--mergekit-timeout S] [--no-fsync]
 
 NAME is a config's file name without `.yml` (default: all of them). Each tool runs from
 bench/configs/ (the configs' model paths are relative to it, which both tools accept) under
@@ -11,9 +11,10 @@ bench/configs/ (the configs' model paths are relative to it, which both tools ac
 figures); mergekit under `timeout` (a run cut short is reported as "> S s"), with
 `--lora-merge-cache` where a config has a `model+lora` reference (it refuses one without).
 Layerswap runs with `-q`, a sha256 cache of the inputs filled beforehand, and its modules
-compiled to bytecode first (pip compiled mergekit's at install). Each result is
-appended to bench/results/mergekit-methods.jsonl as one JSON line; the outputs are deleted once
-compared.
+compiled to bytecode first (pip compiled mergekit's at install); with `--no-fsync`, it runs
+with `--no-fsync` too: mergekit-yaml leaves its output in the page cache, where Layerswap by
+default waits until its output is on the disk. Each result is appended to
+bench/results/mergekit-methods.jsonl as one JSON line; the outputs are deleted once compared.
 """
 
 from __future__ import annotations
@@ -104,9 +105,10 @@ def cast_comparison(ours: Path, theirs: Path) -> dict[str, Any]:
     return {"tensors": len(names), "exact_in_dtype": exact, "equal_rounded": equal, "text": text}
 
 
-def run_one(name: str, timeout: int, source: str | None) -> dict[str, Any]:
+def run_one(name: str, timeout: int, source: str | None, no_fsync: bool) -> dict[str, Any]:
     """Both tools on one config, then the comparison; the outputs removed. `source`: a
-    directory Layerswap's packages are imported from instead of this checkout."""
+    directory Layerswap's packages are imported from instead of this checkout; `no_fsync`:
+    Layerswap with --no-fsync, leaving its output in the page cache as mergekit-yaml does."""
     config = CONFIGS / f"{name}.yml"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     envs = {
@@ -117,7 +119,8 @@ def run_one(name: str, timeout: int, source: str | None) -> dict[str, Any]:
         envs["layerswap"]["PYTHONPATH"] = source
     outs = {tool: WORK / f"{name}-{tool}" for tool in ("layerswap", "mergekit")}
     argvs = {
-        "layerswap": [str(LAYERSWAP), "merge", config.name, str(outs["layerswap"]), "-q"],
+        "layerswap": [str(LAYERSWAP), "merge", config.name, str(outs["layerswap"]), "-q"]
+        + ["--no-fsync"] * no_fsync,
         "mergekit": [str(MERGEKIT), config.name, str(outs["mergekit"])],
     }
     if "+" in config.read_text():  # mergekit merges a LoRA into a copy first, written there
@@ -158,13 +161,16 @@ def main() -> None:
     parser.add_argument("names", nargs="*")
     parser.add_argument("--mergekit-timeout", type=int, default=600)
     parser.add_argument("--layerswap-source", help="import Layerswap from this directory")
+    parser.add_argument(
+        "--no-fsync", action="store_true", help="Layerswap without fsync, as mergekit writes"
+    )
     args = parser.parse_args()
     names = args.names or sorted(p.stem for p in CONFIGS.glob("*.yml"))
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS_DIR.mkdir(exist_ok=True)
     compile_layerswap(Path(args.layerswap_source or ROOT))
     for name in names:
-        result = run_one(name, args.mergekit_timeout, args.layerswap_source)
+        result = run_one(name, args.mergekit_timeout, args.layerswap_source, args.no_fsync)
         with open(RESULTS_DIR / "mergekit-methods.jsonl", "a") as out:
             out.write(json.dumps(result) + "\n")
         brief = {t: (result[t]["wall_s"], round(result[t]["peak_rss_mb"]), result[t]["exit"])

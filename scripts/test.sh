@@ -51,10 +51,11 @@ fi
 echo "== pytest"
 # The console tests save a screenshot of each page here (a test artifact CI can keep).
 export CONSOLE_SCREENSHOTS="${CONSOLE_SCREENSHOTS:-$ROOT/build/screenshots}"
-# Several workers (pytest-xdist), more than the cores: many tests spend their time waiting on
+# Several workers (pytest-xdist), twice the cores: many tests spend their time waiting on
 # other processes (servers, Celery workers, containers, CLIs). Each module runs whole on one
-# worker (--dist loadfile): its module-scoped fixtures are made once and its steps keep their
-# order; modules are handed out in the order collected (tests/conftest.py puts the longest first).
-# The slowest tests are listed at the end: where the suite's time goes.
-.venv/bin/python -m pytest -n "${LAYERSWAP_TEST_WORKERS:-3}" --dist loadfile \
+# worker (--dist loadfile; tests/conftest.py hands out the console's modules, which share a
+# costly session fixture, as one): its module-scoped fixtures are made once and its steps keep
+# their order; modules are handed out in the order collected (tests/conftest.py puts the
+# longest first). The slowest tests are listed at the end: where the suite's time goes.
+.venv/bin/python -m pytest -n "${LAYERSWAP_TEST_WORKERS:-4}" --dist loadfile \
     --no-loadscope-reorder --durations=30 "$@"

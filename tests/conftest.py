@@ -36,6 +36,7 @@ os.environ.update(
 )
 import pytest  # noqa: E402  (after the environment above)
 import torch  # noqa: E402
+from xdist.scheduler import LoadScopeScheduling  # noqa: E402
 
 from tests.helpers import built_once, stringify  # noqa: E402
 
@@ -48,11 +49,27 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Minutes long (a deployment built, then driven step by step): collected first, so that under
 # `pytest -n N --dist loadfile` (scripts/test.sh) a worker starts on it while the others share
 # out the rest.
-LONGEST = ("tests/docker/",)
+LONGEST = ("tests/docker/", "tests/console/")
+# Modules that share a session fixture made at great cost run on one worker: the console's
+# seeded service runs evaluations, a sweep and an analysis, a minute or more each time.
+SHARED = ("tests/console/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST))  # stable: order kept
+
+
+class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+    """xdist's loadfile, each of SHARED's folders handed out as one file."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return next((folder for folder in SHARED if module.startswith(folder)), module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    """`--dist loadfile` (scripts/test.sh) by ModuleScheduling; other modes, xdist's own."""
+    return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 LAYERS = 6

@@ -140,15 +140,20 @@ def test_waiting_messages_go_out_together_one_per_job_and_run(cluster: Cluster) 
     for job_id in made:
         executor.dispatch(job_id, "merge")
     executor.start()
-    wait_for(lambda: redis.llen("merge") == 40, "40 messages in Redis")
+    wait_for(lambda: redis.llen("merge") >= 40, "40 messages in Redis")
     executor.stop()
 
     # The API's reconciler sends a job again only if its message is not in Redis a second
-    # after the job was made (possible on a slow machine): such a job says so in its events.
-    again = [job_id for job_id in made if "redispatched" in cluster.event_types(job_id)]
-    stats = redis.info("commandstats")
-    assert stats["cmdstat_lpush"]["calls"] == 40 + len(again)
-    assert "cmdstat_publish" not in stats, "no event fanout per message"
+    # after the job was made (possible on a slow machine): it sends the message, then records
+    # "redispatched" in the job's events. Each message beyond the 40 is such a one, once the
+    # reconciler has recorded them.
+    def sent_again() -> tuple[list[str]] | None:
+        again = [j for j in made for t in cluster.event_types(j) if t == "redispatched"]
+        calls = redis.info("commandstats")["cmdstat_lpush"]["calls"]
+        return (again,) if calls == 40 + len(again) else None
+
+    (again,) = wait_for(sent_again, "one message per job, and one per re-dispatch recorded")
+    assert "cmdstat_publish" not in redis.info("commandstats"), "no event fanout per message"
     messages = [json.loads(raw) for raw in redis.lrange("merge", 0, -1)]
     assert sorted(m["headers"]["id"].split(".")[0] for m in messages) == sorted(made + again)
     cluster.start_worker()

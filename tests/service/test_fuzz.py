@@ -32,7 +32,7 @@ from layerswap.app import build_app
 from tests.helpers import wait_for
 from tests.service.conftest import make_settings
 
-MAX_EXAMPLES = 30
+MAX_EXAMPLES = 20
 
 
 @pytest.fixture
