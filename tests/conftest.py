@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-# Minutes long (a deployment built, then driven step by step): collected first, so that under
-# `pytest -n N --dist loadfile` (scripts/test.sh) a worker starts on it while the others share
-# out the rest.
-LONGEST = ("tests/docker/", "tests/console/")
+# Minutes long (a deployment built, then driven step by step; the console; the fuzzing):
+# collected first, so that under `pytest -n N --dist loadfile` (scripts/test.sh) workers start
+# on them while the others share out the rest, rather than end the run on one of them.
+LONGEST = ("tests/docker/", "tests/console/", "tests/service/test_fuzz.py")
 # Modules that share a session fixture made at great cost run on one worker: the console's
 # seeded service runs evaluations, a sweep and an analysis, a minute or more each time.
 SHARED = ("tests/console/",)
