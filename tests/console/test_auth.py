@@ -61,7 +61,11 @@ def page(driver: webdriver.Chrome, tenants: Tenants) -> Page:
 
 
 def enter_key(page: Page, key: str) -> None:
-    field = page.find("#api-key")
+    # the prompt opens once the page's first request was refused: its field is in the page
+    # before that, but cannot be typed into
+    field = page.eventually(
+        "the key prompt", lambda: (f := page.find("#api-key")).is_displayed() and f
+    )
     field.clear()
     field.send_keys(key)
     page.find("#key-dialog button[type=submit]").click()
