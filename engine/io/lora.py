@@ -153,10 +153,10 @@ class LoraAdapter:
         update = (b @ a).mul_(self.scaling)
         if self.fan_in_fan_out:  # w is (B @ A)ᵀ's shape
             update = update.T
-        rows, update = w.view(w.shape[0], -1), update.reshape(w.shape[0], -1)
-        step = max(1, _UPDATE_ELEMENTS // max(1, rows.shape[1]))
-        for lo in range(0, rows.shape[0], step):
-            rows[lo : lo + step] += update[lo : lo + step]
+        # w and update: matrices of one shape (check() refuses an adapter of any other)
+        step = max(1, _UPDATE_ELEMENTS // max(1, w.shape[1]))
+        for lo in range(0, w.shape[0], step):
+            w[lo : lo + step] += update[lo : lo + step]
         return w.view(-1).view(torch.uint8).numpy().data
 
     def _open(self, file: Path) -> int:
