@@ -26,6 +26,7 @@ import torch
 from engine.io.memory import keep_freed_memory
 from engine.kernels.angle_torch import RULES, AngleMerge
 from engine.kernels.fusion_torch import Fusion
+from engine.kernels.input_rows import InputRows
 from engine.kernels.interpolation_torch import Read, ReadInto, Slerp, weighted
 from engine.kernels.narrow_torch import (
     NARROW,
@@ -274,8 +275,16 @@ class Kernels:
         selections: list[Selection] = [None] * len(tensor.terms)
         if trimmed:
             selections = self._narrow_selections(tensor)
-        merge = NarrowTaskVectors(self._reader(tensor), tensor, self._ties_settings(), selections)
-        return merge.compiled_chunk if self.device.type == "cpu" else merge.chunk
+        settings = self._ties_settings()
+        merge = NarrowTaskVectors(self._reader(tensor), tensor, settings, selections)
+        if self.device.type != "cpu":
+            return merge.chunk
+        sources = [settings.base, *(term.source for term in tensor.terms)]
+        stored = {self.plan.checkpoints[s].tensors[tensor.read_name].dtype for s in sources}
+        compute = self._compute
+        if compute is not None and {TORCH_DTYPES[dtype] for dtype in stored} == {compute}:
+            merge.stored = (InputRows(self.plan, keep=True, bits=True), compute)
+        return merge.compiled_chunk
 
     def _narrow_selections(self, tensor: TensorPlan) -> list[Selection]:
         """Each delta's kept entries: mergekit's (torch's sort of the whole |δ|) for a tensor
