@@ -86,7 +86,8 @@ def parse_recipe(data: Any) -> Recipe:
 def slice_recipes(recipe: Recipe) -> list[Recipe]:
     """Where a slice sets its own params or merges only some of the models: per slice, the
     recipe it merges its layers by (the recipe with the slice's models, in the order it lists
-    them, and its params); [] where every slice merges as the recipe. Raises RecipeError
+    them, or the recipe's where its first model is the base, and its params); [] where every
+    slice merges as the recipe. Raises RecipeError
     naming the slice's field (`slices.1.params.t`)."""
     slices = getattr(recipe, "slices", None) or []
     everyone = getattr(recipe, "models", [])
@@ -97,6 +98,8 @@ def slice_recipes(recipe: Recipe) -> list[Recipe]:
     data = recipe_to_dict(recipe)
     del data["slices"]
     found = []
+    if METHODS[recipe.method].first_model_is_base:  # the recipe's first model is t = 0 (slerp)
+        pairs = [(piece, sorted(models, key=everyone.index)) for piece, models in pairs]
     for s, (piece, models) in enumerate(pairs):
         if piece.params is None and set(models) == set(everyone):  # merged as the recipe
             found.append(recipe)

@@ -50,6 +50,8 @@ def inputs_cell(method: Method) -> str:
     """What a recipe of the method names: experts or how many models, and its base."""
     if method.inputs == "experts":
         named = "`experts`: task and language"
+    elif method.at_a_time is not None:
+        named = f"{method.at_a_time} `models` (with `slices`, {method.at_a_time} per slice)"
     else:
         field = method.recipe.model_fields["models"]
         low = next((c.min_length for c in field.metadata if hasattr(c, "min_length")), 1)

@@ -197,6 +197,9 @@ class Method:
     # mergekit runs it with models[0] as its base_model: the base of vocabulary alignment's
     # rule (engine/vocabulary/alignment.py), whatever the recipe's `base`.
     first_model_is_base: bool = False
+    # Merges this many models at a time (slerp, nuslerp: 2, besides any base): a recipe names
+    # as many, or with slices any number, each slice as many (its schema checks it).
+    at_a_time: int | None = None
     mergekit: Translation | None = None  # the mergekit methods it translates
 
     def parameters(self) -> tuple[Param, ...]:

@@ -7,7 +7,8 @@ of the tensor (the whole tensor with `nuslerp_flatten`; else each row along the 
 each column along the first with `nuslerp_row_wise`), θ is the angle between a_v and b_v and
 out_v = (sin((1 − t)θ)·a_v + sin(tθ)·b_v) / sin θ, or (1 − t)·a_v + t·b_v where 1 − cos²θ ≤ 1e-16.
 The angles are found by angle_torch.py. Weights and both switches may vary by layer or
-tensor name, as mergekit's do.
+tensor name, as mergekit's do. With `slices`, each slice interpolates two of the models (in the
+order it lists them), so slices may merge other pairs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from engine.errors import RecipeError
 from engine.methods.base import Inputs, Method, MethodPlan, layer_count
 from engine.plan.model import Op, Term
 from engine.schema.params import ONE_PER_MODEL
-from engine.schema.parts import ModelsRecipe, Source, Strict, check_base_apart
+from engine.schema.parts import (
+    MAX_MODELS,
+    ModelsRecipe,
+    Source,
+    Strict,
+    check_at_a_time,
+    check_base_apart,
+)
 from engine.schema.settings import Setting, Switch, position, resolve, resolve_switch
 from engine.translation.config import MergekitConfig
 from engine.translation.settings import flag
@@ -31,13 +39,14 @@ from engine.translation.translators import (
     require_base,
 )
 
+AT_A_TIME = 2  # models besides the base, each slice's with slices
 ZERO_TOTAL = 1e-6  # weights summing closer to zero than this interpolate halfway, as mergekit
 
 
 class NuslerpParams(Strict):
     weights: (
         Literal["uniform"]
-        | Annotated[list[Setting], Field(min_length=2, max_length=2), ONE_PER_MODEL]
+        | Annotated[list[Setting], Field(min_length=2, max_length=MAX_MODELS), ONE_PER_MODEL]
     ) = Field(
         "uniform",
         description="one per model (mergekit's weight), t = w1 / (w0 + w1); uniform = 1.0 "
@@ -60,12 +69,22 @@ class NuslerpRecipe(ModelsRecipe):
     base: Source | None = Field(
         None, description="interpolate models[i] − base instead, and add the result to it"
     )
-    models: list[Source] = Field(min_length=2, max_length=2)
+    models: list[Source] = Field(
+        min_length=2,
+        max_length=MAX_MODELS,
+        description="the two models; with slices, every model a slice pairs (two each)",
+    )
     params: NuslerpParams = NuslerpParams()
 
     @model_validator(mode="after")
-    def _distinct(self) -> Self:
+    def _two_at_a_time(self) -> Self:
         check_base_apart(self)
+        check_at_a_time(self, AT_A_TIME, self.method)
+        weights = self.params.weights
+        if isinstance(weights, list) and len(weights) != len(self.models):
+            raise ValueError(
+                f"params.weights has {len(weights)} entries for {len(self.models)} models"
+            )
         return self
 
 
@@ -114,10 +133,11 @@ def plan_nuslerp(recipe: NuslerpRecipe, inputs: Inputs) -> MethodPlan:
 
 
 def translate_nuslerp(config: MergekitConfig, translation: Translation) -> dict[str, Any]:
-    """Two models besides an optional base (then of their task vectors); `weight` per model,
-    as written; the switches shared, with mergekit's defaults."""
+    """Two models besides an optional base (then of their task vectors; over slices, every
+    model they pair); `weight` per model, as written; the switches shared, with mergekit's
+    defaults."""
     models = [m for m in config.inputs if not config.is_base(m)]
-    if len(models) != 2:
+    if len(models) != 2 and (config.slices is None or len(models) < 2):
         raise RecipeError.for_field(
             "models", f"mergekit's nuslerp takes two models besides the base (got {len(models)})"
         )
@@ -140,6 +160,7 @@ METHOD = Method(
     title="spherical interpolation by weight (mergekit's NuSLERP)",
     tags=("nuslerp", "slerp"),
     base="optional",
+    at_a_time=AT_A_TIME,
     mergekit=Translation(
         names=("nuslerp",),
         translate=translate_nuslerp,

@@ -147,6 +147,19 @@ def check_base_apart(recipe: ModelsRecipe) -> None:
         raise ValueError(f"models.{i}: is the base; list the base only as base")
 
 
+def check_at_a_time(recipe: ModelsRecipe, count: int, method: str) -> None:
+    """A method that merges `count` models at a time (slerp's and nuslerp's two, besides any
+    base): the recipe names `count`, or with slices any number, each slice `count` of them."""
+    if not recipe.slices and len(recipe.models) != count:
+        raise ValueError(f"models lists {len(recipe.models)}: {method} merges {count} models "
+                         "(with slices, each slice merges its own)")  # fmt: skip
+    for s, piece in enumerate(recipe.slices or []):
+        named = [x for x in piece.sources if x.model != recipe.base]
+        if len(named) != count:
+            raise ValueError(f"slices.{s}.sources names {len(named)} models besides any base: "
+                             f"{method} merges {count}")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class NamedSource:
     """One checkpoint a recipe names, in plan order."""

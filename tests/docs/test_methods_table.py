@@ -61,7 +61,7 @@ def test_the_table_shows_what_a_reader_needs(hook: ModuleType) -> None:
     assert "`t: 0.5` (a [setting](#per-layer-settings))" in table["slerp"]
     assert "`filter_wise: false` (a [switch](#per-layer-settings))" in table["model_stock"]
     assert "one per model" in table["linear"] and "2 to 64 `models`" in table["linear"]
-    assert "2 `models`; `base` unused" in table["slerp"]
+    assert "2 `models` (with `slices`, 2 per slice); `base` unused" in table["slerp"]
     assert "`experts`: task and language" in table["layer_swap"]
     assert "`slices: null` (<code>list[{sources}] &#124; null</code>)" in table["passthrough"]
     assert "∈ [0, 0.5)" in table["della"] and "∈ [0, 1)" in table["breadcrumbs"]

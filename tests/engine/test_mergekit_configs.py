@@ -308,6 +308,7 @@ OFFSETS: dict[str, list[tuple[list[int], int]]] = {
     "slerp": [([1, 0], 3), ([0, 2], 2), ([4, 4], 1)],
     "ties": [([0, 3, 1], 3), ([4, 0, 2], 2)],
     "task_arithmetic": [([2, 0, 3, 1], 2), ([0, 4, 1, 3], 2), ([5, 5, 0, 2], 1)],
+    "nuslerp": [([0, 1, 2], 3), ([3, 0, 3], 3)],
     "nuslerp-models": [([3, 0], 3)],
     "model_stock": [([0, 1, 2, 3], 3)],
     "karcher": [([2, 0], 4), ([0, 5], 1)],
@@ -424,16 +425,19 @@ def other_models(config: dict[str, Any], swaps: dict[int, tuple[int, str]]) -> d
     return config
 
 
-@pytest.mark.parametrize("case", ["linear", "ties", "task_arithmetic"])
+@pytest.mark.parametrize("case", ["linear", "ties", "task_arithmetic", "slerp", "nuslerp"])
 def test_slices_over_other_models_merge_as_mergekit_does(
     case: str, llama: Family, llama32: Family, tmp_path: Path
 ) -> None:
     """Each slice merges its own sources, the embeddings by the first slice's models and the
-    final norm and head by the last's."""
+    final norm and head by the last's; slerp's and nuslerp's slices each interpolate a pair of
+    their own."""
     config = offset_slices(configs(llama, llama32)[case], OFFSETS[case])
     family = llama if case == "linear" else llama32
     other = str(family.language2)
     config = other_models(config, {1: (1, other)} if case != "linear" else {0: (1, other)})
+    if case == "slerp":  # a slice that lists the base second: still t = 0, as mergekit's
+        config["slices"][2]["sources"].reverse()
     merged_as_mergekit(config, tmp_path)
     manifest = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
     assert other in manifest["recipe"]["models"]

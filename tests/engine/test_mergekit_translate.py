@@ -13,7 +13,7 @@ import pytest
 from engine.errors import RecipeError
 from engine.mergekit import MergekitOrigin, is_mergekit_config, translate
 from engine.plan.model import InputRef
-from engine.recipe import recipe_to_dict
+from engine.recipe import parse_recipe, recipe_to_dict, slice_recipes
 from engine.schema.settings import position, resolve
 from engine.vocabulary.alignment import EVERY, MEAN
 
@@ -302,11 +302,25 @@ def test_slices_over_other_models_get_the_models_of_all_and_their_own() -> None:
     assert [piece["params"]["weights"] for piece in written["slices"]] == [[1.0, 1.0]] * 2
 
 
+def test_slices_pairing_the_base_with_other_models_each_interpolate_their_own_pair() -> None:
+    config = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    config["slices"][1]["sources"] = config["slices"][1]["sources"][::-1]  # the base second
+    config["slices"][1]["sources"][0]["model"] = "./c"
+    written = recipe_to_dict(translate(config, is_local=local).recipe)
+    assert written["models"] == ["./a", "./b", "./c"]
+    assert [[s["model"] for s in piece["sources"]] for piece in written["slices"]] == [
+        ["./a", "./b"], ["./c", "./a"]
+    ]  # fmt: skip
+    assert "params" in written["slices"][1]  # its own pair: its own recipe
+    first, own = slice_recipes(parse_recipe(written))
+    assert [first.models, own.models] == [["./a", "./b"], ["./a", "./c"]]  # t = 0: the base
+
+
 def test_slices_layerswap_cannot_merge_as_mergekit_does_are_refused() -> None:
     refused(sliced([[0, 6], [0, 5]]), "slices.0.sources.1.layer_range", "as many layers")
-    other = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
-    other["slices"][1]["sources"][1]["model"] = "./c"
-    refused(other, "slices", "merge 3 models in all, which Layerswap's recipe for slerp")
+    three = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
+    three["slices"][1]["sources"].append({"model": "./c", "layer_range": [0, 3]})
+    refused(three, "slices.1.sources", "names 3 models besides any base: slerp merges 2")
     based = sliced([[0, 3], [3, 6]], [[3, 6], [0, 3]])
     based["slices"][1]["base_model"] = "./b"
     refused(based, "slices.1.base_model", "differs from slices.0.base_model")

@@ -12,7 +12,7 @@ from engine.errors import RecipeError
 from engine.methods.layer_swap import LayerSwapRecipe
 from engine.methods.soup import SoupRecipe
 from engine.methods.ties import TiesRecipe
-from engine.recipe import parse_recipe, parse_size, recipe_to_dict
+from engine.recipe import parse_recipe, parse_size, recipe_to_dict, slice_recipes
 from tests.conftest import Family
 from tests.helpers import leftovers
 
@@ -199,3 +199,25 @@ def test_a_slice_without_params_is_written_as_before_and_one_with_them_keeps_the
     assert plain["slices"] == [SLICE]  # digests of recipes written before slices had params
     own = parse_recipe({**SOUP, "slices": [SLICE, {**SLICE, "params": {"weights": [1, 3]}}]})
     assert recipe_to_dict(own)["slices"][1]["params"] == {"weights": [1, 3]}
+
+
+def pair(first: str, second: str) -> dict[str, Any]:
+    return {"sources": [{"model": m, "layer_range": [0, 2]} for m in (first, second)]}
+
+
+@pytest.mark.parametrize("method", ["slerp", "nuslerp"])
+def test_a_method_of_two_models_takes_two_or_a_pair_per_slice(method: str) -> None:
+    three = {"method": method, "models": ["./a", "./b", "./c"]}
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(three)
+    assert info.value.details["field"] == "models"
+    assert info.value.message.startswith(f"models: models lists 3: {method} merges 2 models")
+    paired = parse_recipe({**three, "slices": [pair("./a", "./b"), pair("./c", "./a")]})
+    # slerp's t = 0 is the model listed first in `models`; nuslerp's weights follow the slice
+    expected = [["./a", "./b"], ["./a", "./c"] if method == "slerp" else ["./c", "./a"]]
+    assert [r.models for r in slice_recipes(paired)] == expected
+    with pytest.raises(RecipeError) as info:
+        wide = pair("./a", "./b")["sources"] + [{"model": "./c", "layer_range": [0, 2]}]
+        parse_recipe({**three, "slices": [pair("./a", "./b"), {"sources": wide}]})
+    assert info.value.details["field"] == "slices.1.sources"
+    assert info.value.message.endswith(f"names 3 models besides any base: {method} merges 2")
