@@ -4,11 +4,11 @@ Copies are handed over first, as file ranges (never decoded, no memory held), so
 can assemble, hash and write them at once; then computed tensors are produced chunk by chunk,
 in file order, and wait (a bounded amount) for the writer to reach their offsets (io/writer.py).
 Linear plans, TIES and the sparsifying methods on the CPU compute in numba-compiled loops on
-every core (linear.py, ties.py, sparse.py), nuslerp and model_stock in
-numba and torch (angle.py: torch loads beside the first tensors); torch, a second to
-import, is loaded only for the rest (CUDA, float64, slerp, and mergekit's bf16 or fp16
-arithmetic, which the compiled kernels do not compute: plan/arithmetic.py), while the copies are
-written. A plan that only copies (a frankenmerge) loads no kernels at all.
+every core (linear.py, ties.py, sparse.py), and so does mergekit's bf16 or fp16 task arithmetic
+(narrow_arithmetic.py); nuslerp and model_stock in numba and torch (angle.py: torch loads
+beside the first tensors); torch, a second to import, is loaded only for the rest (CUDA,
+float64, slerp, and the rest of mergekit's bf16 or fp16 arithmetic: plan/arithmetic.py), while
+the copies are written. A plan that only copies (a frankenmerge) loads no kernels at all.
 Cancellation is checked between tensors and chunks; progress is reported by a thread that
 follows the writer, block by block (_Feedback).
 """
@@ -201,9 +201,17 @@ def _kernels(
     first computed tensor: its BLAS thread pool starts with it, so a process that plans, copies
     or serves the API never starts one, and `layerswap worker --nice` lowers the priority of the
     process before any of its threads exists."""
-    compiled = None
-    if as_float32(plan):  # mergekit's narrower arithmetic (bf16, fp16) is torch's only
+    compiled: ChunkKernels | None = None
+    if as_float32(plan):
         compiled = _compiled_kernels(plan, device, chunk_elements, check_cancel)
+    else:  # mergekit's narrower arithmetic (bf16, fp16): compiled for its task arithmetic
+        # numba: the compiled kernel, loaded only for the plans it handles
+        from engine.kernels import narrow_arithmetic
+
+        if narrow_arithmetic.handles(plan, device):
+            compiled = narrow_arithmetic.NarrowArithmeticKernels(
+                plan, chunk_elements=chunk_elements
+            )
     if compiled is not None:
         return compiled
     # torch: seconds to import; only for what no compiled kernel handles

@@ -1,18 +1,25 @@
 """The compiled bf16/fp16 task arithmetic and TIES (engine/kernels/narrow.py) against the torch
 operations they fuse (narrow_torch.NarrowTaskVectors.chunk, mergekit's own steps): the same bits
 on random deltas with the awkward cases in them: signed zeros, tied magnitudes at the cut,
-sums that cancel or underflow in fp16, NaN-free extremes."""
+sums that cancel or underflow in fp16, NaN-free extremes; and the torch-free glue of task
+arithmetic (narrow_arithmetic.py) against torch's."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
+from engine.kernels.narrow_arithmetic import MAX_TERMS, ZERO_DIVISOR, rounded, summed
 from engine.kernels.narrow_torch import NarrowTaskVectors, sorted_mask
 from engine.kernels.top_k import top_k
 from engine.plan.model import TensorPlan, Term, TiesSettings
+from tests.conftest import Family
 
 COUNT = 4096
 
@@ -74,3 +81,66 @@ def test_the_compiled_kernel_is_torchs_bit_for_bit(
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), start
     assert compiled.ties_left == reference.ties_left
     assert not math.isnan(float(got.float().sum()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_torch_free_weights_and_divisor_are_torchs(dtype: torch.dtype) -> None:
+    """narrow_arithmetic.py rounds the weights and sums them without torch: the same values as
+    torch's (NarrowTaskVectors' constants) for 1 to 15 models, with weights that round to a
+    tie, cancel to zero, or overflow fp16."""
+    generator = torch.Generator().manual_seed(7)
+    f16 = dtype == torch.float16
+    awkward = [1 + 2**-8, 1 + 3 * 2**-9, 0.1, -0.1, 1e-9, 70000.0, 1 / 3]
+    # a double just past a bf16 tie that float32 rounds onto it; sums that float32 leaves at a
+    # tie (each 2^-24 lost) where a wider sum passes it
+    cases = [[1 + 2**-8 + 2**-40], [1.0, 2**-8, 2**-24, 2**-24], [1.0, 2**-11, 2**-24, 2**-24]]
+    for count in range(1, MAX_TERMS):
+        for trial in range(20):
+            weights = (torch.randn(count, generator=generator) * 10 ** (trial % 4 - 2)).tolist()
+            if trial % 5 == 0:
+                weights = [awkward[(trial + i) % len(awkward)] for i in range(count)]
+            if trial % 7 == 0 and count > 1:
+                weights[-1] = -sum(weights[:-1])  # about zero in all
+            if trial < len(cases):
+                weights = cases[trial]
+            terms = tuple(Term(i + 1, w) for i, w in enumerate(weights))
+            tensor = TensorPlan("w", (1,), "F16" if f16 else "BF16", "task_arithmetic", terms,
+                                None, "task_arithmetic")  # fmt: skip
+            settings = TiesSettings(base=0, density=1.0, lambda_=1.0, normalize=True)
+            column, divisor = NarrowTaskVectors(None, tensor, settings, [])._constants(dtype)  # type: ignore[arg-type]
+            mine = [rounded(w, f16) for w in weights]
+            assert str(mine) == str(column.tolist()), weights  # str: nan equals nan
+            total = summed(mine, f16)
+            made = 1.0 if abs(total) < rounded(ZERO_DIVISOR, f16) else total
+            assert str(made) == str(divisor), weights
+
+
+def test_bfloat16_task_arithmetic_does_not_import_torch(llama: Family, tmp_path: Path) -> None:
+    """A bf16 config's task arithmetic over bf16 checkpoints is computed by the compiled
+    kernel alone (the same bits as mergekit's: test_mergekit_arithmetic.py)."""
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama.base),
+        "models": [{"model": str(llama.task), "parameters": {"weight": 0.7}},
+                   {"model": str(llama.language), "parameters": {"weight": 0.4}}],
+        "parameters": {"normalize": True, "lambda": 0.9},
+        "dtype": "bfloat16",
+    }  # fmt: skip
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from engine.merge import merge
+        from engine.mergekit import translate
+
+        recipe = translate({config!r}, is_local=lambda s: Path(s).is_dir()).recipe
+        result = merge(recipe, Path({str(tmp_path / "out")!r}), resolve=Path)
+        print(len(result.files), "torch" in sys.modules)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files, torch_imported = done.stdout.split()
+    assert int(files) > 3
+    assert torch_imported == "False"
