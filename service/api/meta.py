@@ -49,6 +49,7 @@ def method_view(method: Method) -> dict[str, Any]:
         "base": method.base,
         "needs_base": method.base == "required",
         "layer_stack": method.layer_stack,
+        "models_at_a_time": method.at_a_time,  # null: any number
         "sweep_baseline": method.pair_baseline,
         "params": params,
         # the params without a default (passthrough's slices): a recipe must give them

@@ -650,6 +650,10 @@ def test_methods_say_how_each_parameter_varies(service: Service) -> None:
         "min": 0, "max": 1, "min_exclusive": True, "max_exclusive": False, "text": "(0, 1]"
     }  # fmt: skip
     assert methods["passthrough"]["layer_stack"] == "restacked"
+    assert (methods["slerp"]["models_at_a_time"], methods["linear"]["models_at_a_time"]) == (
+        2,
+        None,
+    )
     assert methods["layer_swap"]["sweep_baseline"] is False
     assert methods["soup"]["mergekit"] is None
     mergekit = methods["ties"]["mergekit"]
