@@ -205,7 +205,7 @@ def _kernels(
     if as_float32(plan):
         compiled = _compiled_kernels(plan, device, chunk_elements, check_cancel)
     else:  # mergekit's narrower arithmetic (bf16, fp16): compiled for its task arithmetic
-        # numba: the compiled kernel, loaded only for the plans it handles
+        # numpy (numba once it handles the plan): only for mergekit's narrow arithmetic
         from engine.kernels import narrow_arithmetic
 
         if narrow_arithmetic.handles(plan, device):

@@ -19,8 +19,6 @@ from typing import Any
 import numpy as np
 
 from engine.io.memory import keep_freed_memory
-from engine.kernels import narrow
-from engine.kernels.float_bits import from_bf16, to_bf16
 from engine.kernels.input_rows import InputRows
 from engine.kernels.parallel import parallel
 from engine.plan.arithmetic import NARROW, input_dtypes, tensor_arithmetic
@@ -68,6 +66,9 @@ class NarrowArithmeticKernels:
         lambda_ = self.settings.scale(tensor)
         sources = [self.settings.base, *(term.source for term in tensor.terms)]
         numel = math.prod(tensor.shape)
+        # numba: the compiled kernel, loaded only once handles() has admitted the plan
+        from engine.kernels import narrow
+
         for start in range(0, numel, self.step):
             count = min(self.step, numel - start)
             rows = self._rows.read(tensor, sources, start, count)  # the base first
@@ -83,7 +84,10 @@ def rounded(value: float, f16: bool) -> float:
     with np.errstate(over="ignore"):  # beyond fp16: infinity, as torch rounds it
         if f16:
             return float(np.float16(np.float32(value)))
-        return float(from_bf16(to_bf16(np.float32(value))))
+    # numba: the compiled kernels' own rounding to bf16
+    from engine.kernels.float_bits import from_bf16, to_bf16
+
+    return float(from_bf16(to_bf16(np.float32(value))))
 
 
 def summed(column: Any, f16: bool) -> float:
