@@ -27,16 +27,21 @@ class TopK:
     ties: int  # how many entries equal to threshold are kept, the first in flat order
 
 
-def top_k(chunks: ChunkSource, k: int, *, numel: int, in_memory: int) -> TopK:
+def top_k(
+    chunks: ChunkSource, k: int, *, numel: int, in_memory: int, buffer: torch.Tensor | None = None
+) -> TopK:
     """Exact top-k of the `numel` values `chunks` yields: in one buffer when `numel` is at
-    most `in_memory`, else by radix select (`chunks` is then called again for a second pass).
-    Narrower floats (bf16, fp16 arithmetic) are widened to float32 first: exact, same order."""
+    most `in_memory` (`buffer`'s first `numel` elements where given, float32 on the CPU: kept
+    from call to call, its contents overwritten), else by radix select (`chunks` is then called
+    again for a second pass). Narrower floats (bf16, fp16 arithmetic) are widened to float32
+    first: exact, same order."""
 
     def widened() -> Iterator[torch.Tensor]:
         return (c.float() if c.dtype in (torch.bfloat16, torch.float16) else c for c in chunks())
 
     if numel <= in_memory:
-        return _top_k_in_memory(widened, k, numel)
+        held = None if buffer is None else buffer[:numel].numpy()
+        return _top_k_in_memory(widened, k, numel, held)
     high, above_high, remaining = _select_bin(widened, k, lambda bits: bits >> 16)
     low, above_low, _ = _select_bin(
         widened, remaining, lambda bits: (bits & 0xFFFF)[(bits >> 16) == high]
@@ -45,12 +50,13 @@ def top_k(chunks: ChunkSource, k: int, *, numel: int, in_memory: int) -> TopK:
     return TopK(float(pattern.view(torch.float32)[0]), k - above_high - above_low)
 
 
-def _top_k_in_memory(chunks: ChunkSource, k: int, numel: int) -> TopK:
-    values: np.ndarray | None = None
+def _top_k_in_memory(
+    chunks: ChunkSource, k: int, numel: int, values: np.ndarray | None = None
+) -> TopK:
     at = 0
     for chunk in chunks():
         part = chunk.cpu().numpy()
-        if values is None:
+        if values is None or values.dtype != part.dtype:
             values = np.empty(numel, dtype=part.dtype)
         values[at : at + part.size] = part
         at += part.size

@@ -327,9 +327,17 @@ class Kernels:
             None
             if density >= 1.0
             else top_k(self._magnitudes(tensor, t.source), settings.kept(numel, density),
-                       numel=numel, in_memory=self.selection_in_memory)
+                       numel=numel, in_memory=self.selection_in_memory,
+                       buffer=self._selected(numel))
             for t, density in zip(tensor.terms, settings.densities(tensor), strict=True)
         ]  # fmt: skip
+
+    def _selected(self, numel: int) -> torch.Tensor | None:
+        """The buffer top_k selects from in memory, kept from tensor to tensor: allocated and
+        freed for each delta, 46 MB at a time on the 1.7B pair, it grew the heap."""
+        if numel > self.selection_in_memory:
+            return None
+        return self._staging.take("selected", torch.float32, numel)
 
     def _ties(
         self, tensor: TensorPlan, selections: list[TopK | None], ties_left: list[int],

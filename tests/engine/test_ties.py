@@ -212,15 +212,18 @@ def _chunked(values: torch.Tensor, size: int) -> Any:
 @pytest.mark.parametrize("k_fraction", [0.0001, 0.3, 0.5, 0.999, 1.0])
 def test_top_k_selection_is_exact(values: torch.Tensor, k_fraction: float) -> None:
     """Threshold, tie quota and the chunk-by-chunk mask agree with a stable sort, for the
-    in-memory path (one chunk) and the radix path (many chunks)."""
+    in-memory path (one chunk; in a fresh buffer or in one kept from an earlier selection) and
+    the radix path (many chunks)."""
     from engine.kernels.top_k import keep_mask, top_k
     from tests.reference import kept_count, top_k_mask
 
     numel = values.numel()
     k = kept_count(k_fraction, numel)
     expected = top_k_mask(values, k_fraction)
-    for size in (1000, numel):
-        top = top_k(_chunked(values, size), k, numel=numel, in_memory=numel if size == numel else 0)
+    kept = torch.full((numel + 5,), float("nan"))  # a buffer kept from call to call, larger
+    for size, buffer in ((1000, None), (numel, None), (numel, kept), (numel, kept)):
+        in_memory = numel if size == numel else 0
+        top = top_k(_chunked(values, size), k, numel=numel, in_memory=in_memory, buffer=buffer)
         assert top.threshold == float(torch.topk(values, k).values[-1])
         left = top.ties
         masks = []
