@@ -206,10 +206,11 @@ def _combine(
         _narrow(total, out_kind, start, width, out)
 
 
-def _row_sum(values: Array) -> np.float32:
-    """Σ values in float32, in the order torch's CPU kernel sums a row of fewer than 8: four
-    running sums over groups of four, the rest added to the first, then the four added up."""
-    assert values.size < MEAN_TERMS
+def row_sum(values: Array) -> np.float32:
+    """Σ values in float32, in the order torch's CPU kernel sums a row shorter than one vector
+    of its dtype (8 float32s: MEAN_TERMS; 16 bf16 or fp16 values, each widened): four running
+    sums over groups of four, the rest added to the first, then the four added up."""
+    assert values.size < 2 * MEAN_TERMS
     partial = [np.float32(0.0)] * 4
     groups = values.size // 4
     for i in range(groups * 4):
@@ -238,7 +239,7 @@ class LinearKernels:
         inputs = [Input(self.plan, t.source, tensor.read_name) for t in tensor.terms]
         kinds = np.array([_KINDS[i.info.dtype] for i in inputs], np.int64)
         coefficients = np.array([t.coefficient for t in tensor.terms], np.float32)
-        divisor = _row_sum(coefficients) if tensor.op == "weighted_mean" else np.float32(1.0)
+        divisor = row_sum(coefficients) if tensor.op == "weighted_mean" else np.float32(1.0)
         rows = self._buffer(len(inputs), min(self.step, numel) * 4)
         combine = functools.partial(
             _combine, rows, kinds, coefficients, tensor.op != "linear", divisor,

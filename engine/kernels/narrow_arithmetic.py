@@ -3,8 +3,8 @@
 narrow.py's compiled kernel computes it as mergekit's torch steps do, bit for bit (narrow_torch's
 NarrowTaskVectors runs the same kernel with torch as its glue). Here the glue is numpy: each
 weight rounded to the dtype as torch rounds a Python float (to float32, then to the dtype), and
-their sum, the divisor of `normalize`, made as torch sums a column of fewer than MAX_TERMS (one
-after another, in float32, rounded once). A plan whose every computed tensor is such a tensor,
+their sum, the divisor of `normalize`, made as torch sums a column of fewer than MAX_TERMS (in
+float32, in its kernel's order, rounded once). A plan whose every computed tensor is such a tensor,
 its inputs and output stored in the dtype it computes in, then never imports torch: a second
 and some 200 MB of a merge that takes a few seconds.
 """
@@ -91,10 +91,11 @@ def rounded(value: float, f16: bool) -> float:
 
 
 def summed(column: Any, f16: bool) -> float:
-    """torch's sum of a short column of the dtype: in float32 from +0, in order, rounded
-    once to the dtype."""
-    total = np.float32(0.0)
+    """torch's sum of a column of fewer than MAX_TERMS weights of the dtype: widened, summed in
+    float32 in its kernel's order (linear.row_sum), rounded once to the dtype."""
+    # numba: linear.py's module, loaded with the kernel once handles() has admitted the plan
+    from engine.kernels.linear import row_sum
+
     with np.errstate(over="ignore", invalid="ignore"):  # infinities, as torch sums them
-        for weight in column:
-            total = np.float32(total + np.float32(weight))
+        total = row_sum(np.asarray(column, np.float32))
     return rounded(float(total), f16)

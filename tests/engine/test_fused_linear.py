@@ -178,7 +178,7 @@ def test_mean_divisor_is_summed_as_torch_sums_it() -> None:
         n = int(rng.integers(1, linear_kernels.MEAN_TERMS))
         values = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 5, n)).astype(np.float32)
         expected = torch.from_numpy(values).reshape(1, -1).sum(dim=1).numpy()[0]
-        assert linear_kernels._row_sum(values).view(np.uint32) == expected.view(np.uint32)
+        assert linear_kernels.row_sum(values).view(np.uint32) == expected.view(np.uint32)
 
 
 def test_means_of_many_terms_are_left_to_torch(inputs: list[Path]) -> None:

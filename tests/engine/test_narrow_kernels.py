@@ -95,8 +95,12 @@ def test_the_torch_free_weights_and_divisor_are_torchs(dtype: torch.dtype) -> No
     # tie (each 2^-24 lost) where a wider sum passes it
     cases = [[1 + 2**-8 + 2**-40], [1.0, 2**-8, 2**-24, 2**-24], [1.0, 2**-11, 2**-24, 2**-24]]
     for count in range(1, MAX_TERMS):
-        for trial in range(20):
+        for trial in range(80):
             weights = (torch.randn(count, generator=generator) * 10 ** (trial % 4 - 2)).tolist()
+            if trial % 2:  # spread over many binades, nearly cancelling: the order shows
+                scale = torch.pow(2.0, torch.randint(-14, 12, (count,), generator=generator))
+                weights = (torch.randn(count, generator=generator) * scale).tolist()
+                weights[-1] = -sum(weights[:-1]) * (1 + 1e-3 * trial)
             if trial % 5 == 0:
                 weights = [awkward[(trial + i) % len(awkward)] for i in range(count)]
             if trial % 7 == 0 and count > 1:
