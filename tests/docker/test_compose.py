@@ -281,6 +281,14 @@ def test_a_worker_killed_mid_merge_is_replaced_and_the_job_succeeds_once(
     assert not [name for name in outputs if name.startswith(".")], outputs  # no staging left
 
 
+INIT_CHILD = "the init (PID 1) to start its child: is the service's `init: true` gone?"
+
+
+def processes(container: str) -> list[str]:
+    """The container's processes (their pids), by `docker top`."""
+    return docker("top", container, "-o", "pid").split()[1:]
+
+
 def container_state(container: str) -> dict[str, Any]:
     return dict(json.loads(docker("inspect", container))[0]["State"])
 
@@ -429,12 +437,17 @@ def test_every_container_stops_within_seconds_during_its_start_up(deployment: Co
         # two, time enough for an idle machine to finish the imports): each process is still
         # starting, whatever the machine's load.
         docker("start", *containers.values())
+        # Until the init has started its child it has not blocked the signals it forwards, and
+        # the kernel drops a SIGTERM sent to a PID 1 without a handler: wait for the child only.
+        for container in containers.values():
+            wait_for(lambda c=container: len(processes(c)) >= 2, INIT_CHILD, timeout=60, every=0.05)
         docker("stop", "-t", "20", *containers.values())
         for service, container in containers.items():
             stopped = container_state(container)
             assert stopped["Status"] == "exited" and stopped["ExitCode"] != 137, (
                 service,
                 stopped,
+                deployment.logs(service)[-2000:],
             )
         assert " ready." not in deployment.logs("worker-cpu"), "stopped during its start-up"
     finally:  # the next tests use the deployment, whatever happened here
