@@ -51,8 +51,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # on them while the others share out the rest, rather than end the run on one of them.
 LONGEST = ("tests/docker/", "tests/console/", "tests/service/test_fuzz.py")
 # Modules that share a session fixture made at great cost run on one worker: the console's
-# seeded service runs evaluations, a sweep and an analysis, a minute or more each time.
-SHARED = ("tests/console/",)
+# seeded service runs evaluations, a sweep and an analysis, a minute or more each time; the
+# MLflow modules' tracking server starts in half a minute.
+SHARED = ("tests/console/", "tests/integrations/test_mlflow")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -60,7 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
-    """xdist's loadfile, each of SHARED's folders handed out as one file."""
+    """xdist's loadfile, the modules under each of SHARED's prefixes handed out as one file."""
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]

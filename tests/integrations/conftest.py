@@ -25,7 +25,7 @@ def _up(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per worker: both MLflow modules run on one
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert MLFLOW.exists(), f"{MLFLOW} is missing: scripts/test.sh (setup_mlflow.sh) makes it"
     root = tmp_path_factory.mktemp("mlflow")
