@@ -62,7 +62,8 @@ class Page:
         self.base = base
 
     def open(self, route: str) -> None:
-        """Load the console at `#<route>` afresh (a full load: the previous page's streams end)."""
+        """Load the console at `#<route>`: a full load from another URL; from the console, a
+        change of its fragment, as a link (the previous page's streams end either way)."""
         self.driver.get(f"{self.base}/ui/#{route}")
         self.settled()
 

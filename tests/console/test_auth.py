@@ -76,13 +76,17 @@ def test_without_a_key_every_page_asks_for_one_and_shows_no_data(
     page: Page, tenants: Tenants
 ) -> None:
     alice = tenants.merges["alice"]
-    for route in ("/jobs", f"/merges/{alice}", "/new/merge"):
+    routes = ("/jobs", f"/merges/{alice}", "/new/merge", "/new/evaluation", "/new/sweep",
+              "/executor")  # fmt: skip
+    for route in routes:
+        page.driver.get("about:blank")  # each page loaded afresh: no prompt left open before
         page.open(route)
         page.eventually(
-            "the key prompt", lambda: page.find("#key-dialog").get_attribute("open") is not None
+            lambda: f"the key prompt on {route}: {page.text()!r}",  # noqa: B023 (asked at once)
+            lambda: page.find("#key-dialog").get_attribute("open") is not None,
         )
         assert alice not in page.text() and "secret-model" not in page.driver.page_source
-        assert not page.all("table.jobs tbody tr")
+        assert not page.all("table.jobs tbody tr") and not page.all("main form")
     page.screenshot("key-prompt")
 
 

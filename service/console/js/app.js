@@ -1,7 +1,7 @@
 // The console's router: each page is a URL fragment (#/jobs, #/merges/<id>, …), so pages can
 // be bookmarked and the back button works; one module per page renders into <main>.
 
-import { ApiError, forgetKey, rememberKey, storedKey } from "./api.js";
+import { api, ApiError, forgetKey, rememberKey, storedKey } from "./api.js";
 import { failure, h } from "./dom.js";
 import * as analysis from "./pages/analysis.js";
 import * as compare from "./pages/compare.js";
@@ -28,6 +28,7 @@ const ROUTES = [
 
 const main = document.getElementById("view");
 let current = null; // the shown page's AbortController: stops its streams and polls
+let keyless = false; // the service answered without a key: its auth is off
 
 function parse() {
   const [path, search] = (location.hash.slice(1) || "/jobs").split("?");
@@ -52,6 +53,12 @@ async function show() {
   }
   const [match, page, what] = found;
   try {
+    // Without a key, one read that needs one first: with auth on, it is refused and the key
+    // prompt shown, even on pages that read nothing else needing a key (the forms).
+    if (!keyless && !storedKey()) {
+      await api("/v1/merges?limit=1", { signal });
+      keyless = true;
+    }
     await page.render({ main, id: match[1], params, signal });
   } catch (error) {
     if (signal.aborted) return;
