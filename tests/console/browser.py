@@ -96,15 +96,22 @@ class Page:
     def eventually(
         self, what: str | Callable[[], str], condition: Callable[[], T], timeout: float = 60
     ) -> T:
-        """`condition()` once truthy, asked again while the page re-renders under it."""
+        """`condition()` once truthy, asked again while the page re-renders under it (or the
+        browser does not answer: its last such error is told if the time runs out)."""
+        refused: list[WebDriverException] = []
 
         def asked() -> T | None:
             try:
                 return condition()
-            except (StaleElementReferenceException, WebDriverException):
+            except (StaleElementReferenceException, WebDriverException) as error:
+                refused[:] = [error]
                 return None
 
-        return wait_for(asked, what, timeout, interval=0.05)  # type: ignore[arg-type]
+        def described() -> str:
+            told = what() if callable(what) else what
+            return f"{told} (last: {refused[0]!r})" if refused else told
+
+        return wait_for(asked, described, timeout, interval=0.05)  # type: ignore[arg-type]
 
     def click(self, css: str) -> None:
         """Click `css`, found again where a live page re-rendered it between finding and
