@@ -81,13 +81,13 @@ class NarrowArithmeticKernels:
 def rounded(value: float, f16: bool) -> float:
     """A Python float as torch stores it in a bf16 or fp16 tensor: rounded to float32, then
     to the dtype (to nearest, ties to even)."""
-    with np.errstate(over="ignore"):  # beyond fp16: infinity, as torch rounds it
-        if f16:
-            return float(np.float16(np.float32(value)))
     # numba: the compiled kernels' own rounding to bf16
     from engine.kernels.float_bits import from_bf16, to_bf16
 
-    return float(from_bf16(to_bf16(np.float32(value))))
+    with np.errstate(over="ignore"):  # beyond the dtype: infinity, as torch rounds it
+        if f16:
+            return float(np.float16(np.float32(value)))
+        return float(from_bf16(to_bf16(np.float32(value))))
 
 
 def summed(column: Any, f16: bool) -> float:
