@@ -108,10 +108,23 @@ class Page:
                 return None
 
         def described() -> str:
-            told = what() if callable(what) else what
+            told = f"{what() if callable(what) else what} (the page: {self.state()})"
             return f"{told} (last: {refused[0]!r})" if refused else told
 
         return wait_for(asked, described, timeout, interval=0.05)  # type: ignore[arg-type]
+
+    def state(self) -> str:
+        """Where the page is, whether the key prompt is open, and the start of what it shows."""
+        try:
+            return str(self.driver.execute_script(
+                "const main = document.getElementById('view');"
+                "const prompt = document.getElementById('key-dialog');"
+                "return `${location.hash} key prompt open: ${!!prompt?.open}"
+                " busy: ${!!main?.hasAttribute('aria-busy')} shows: `"
+                " + (main?.innerText || '').slice(0, 200)"
+            ))  # fmt: skip
+        except WebDriverException as error:
+            return f"no answer ({error!r})"
 
     def click(self, css: str) -> None:
         """Click `css`, found again where a live page re-rendered it between finding and
