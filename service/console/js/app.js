@@ -62,7 +62,11 @@ async function show() {
     await page.render({ main, id: match[1], params, signal });
   } catch (error) {
     if (signal.aborted) return;
-    if (error instanceof ApiError && error.status === 401) return; // the key prompt is shown
+    if (error instanceof ApiError && error.status === 401) {
+      // not aborted: the refusal's own prompt did not reach this page, so ask here
+      window.dispatchEvent(new CustomEvent("layerswap:unauthorized"));
+      return;
+    }
     // A 404 before the page drew anything: what the page shows is not there.
     const missing = error instanceof ApiError && error.status === 404 && !main.childElementCount;
     main.append(...(missing ? notFound(what, error.message) : [failure(error)]));
