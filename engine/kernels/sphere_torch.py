@@ -4,18 +4,23 @@ Both need statistics of the whole tensor (norms, angles) before any output eleme
 whose every input fits in a chunk is read whole and merged with mergekit 0.1.5's own sequence
 of float32 operations (float64 for F64 inputs) on tensors of its shapes, so the bytes equal its
 output: the inputs, their unit vectors and a few temporaries of the tensor's size are held at
-once. A larger tensor is read twice, a chunk at a time: first for the Gram matrix of its inputs
-(Σ xᵢ·xⱼ, float64), from which the method's whole arithmetic follows in float64, since every
-vector it makes is a linear combination of the inputs; then for the output, Σ cᵢ·xᵢ with those
-coefficients rounded to float32. mergekit reduces such a tensor in float32, so there outputs
-differ from its by a few ulps.
+once. A larger tensor is read a chunk at a time. multislerp's few whole-tensor sums (norms, dot
+products) are taken piece by piece in torch's own order (torch_order.py): its output is then
+mergekit's to the bit. Otherwise (karcher; multislerp where torch_order does not reproduce the
+order) the tensor is read twice: first for the Gram matrix of its inputs (Σ xᵢ·xⱼ, float64),
+from which the method's whole arithmetic follows in float64, since every vector it makes is a
+linear combination of the inputs; then for the output, Σ cᵢ·xᵢ with those coefficients rounded
+to float32. mergekit reduces such a tensor in float32, so there outputs differ from its by a
+few ulps.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, cast
 
 import torch
 
@@ -100,6 +105,47 @@ def _norm(gram: torch.Tensor, c: torch.Tensor) -> float:
     return math.sqrt(max(float(c @ gram @ c), 0.0))
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """multislerp's statistics of a whole tensor: the weights, the norms (+ eps) dividing
+    each vector, the norm of their weighted mean, each unit vector's dot product with it, the
+    tangent's length (+ eps) and the output's scale."""
+
+    weights: torch.Tensor
+    divisors: torch.Tensor
+    mean_norm: torch.Tensor
+    dots: torch.Tensor
+    length: torch.Tensor
+    scale: torch.Tensor
+
+
+def _mean(units: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (units * w.view(-1, 1)).sum(0)
+
+
+def _tangent(
+    units: torch.Tensor, mean: torch.Tensor, dots: torch.Tensor, w: torch.Tensor
+) -> torch.Tensor:
+    """The weighted mean of the unit vectors' projections on the tangent space at `mean`."""
+    return ((units - dots * mean) * w.view(-1, 1)).sum(0)
+
+
+def _mapped(
+    mean: torch.Tensor, tangent: torch.Tensor, length: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """The tangent mapped back to the sphere at `mean`, scaled."""
+    out: torch.Tensor = mean * torch.cos(length) + tangent * (torch.sin(length) / length)
+    return out * scale
+
+
+def _linear(flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Σ wᵢ·vᵢ, in order (where the directions cancel)."""
+    out = flat[0] * w[0]
+    for i in range(1, len(w)):
+        out = out + flat[i] * w[i]
+    return out
+
+
 class MultiSlerp(Spherical):
     """mergekit's multislerp: terms (model, weight)… and the base last when
     scalars["base"]; the models' (or their task vectors') directions averaged on the unit
@@ -116,6 +162,7 @@ class MultiSlerp(Spherical):
         self.eps = self.scalars.get("eps", 1e-8)
         models = tensor.terms[:-1] if self.with_base else tensor.terms
         self.weights = [term.coefficient for term in models]
+        self._measured: _Measured | torch.Tensor | Literal[False] | None = None
 
     def vectors(self, xs: Vectors) -> Vectors:
         if not self.with_base:
@@ -129,38 +176,96 @@ class MultiSlerp(Spherical):
             "(opposite directions whose weights cancel); choose other weights",
         )
 
+    def chunk(self, start: int, count: int) -> torch.Tensor:
+        if self.whole:
+            return super().chunk(start, count)
+        if self._measured is None:
+            self._measured = self._measure()
+        if self._measured is False:  # by the Gram matrix instead: within ulps of mergekit
+            return super().chunk(start, count)
+        xs = [self.read(s, start, count) for s in self.sources]
+        out = self._from(self._measured, torch.stack(self.vectors(xs)))
+        return out.add_(xs[-1]) if self.with_base else out
+
+    def _weights(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        w = torch.tensor(self.weights, dtype=dtype, device=device)
+        return w / w.sum() if self.normalize else w
+
     def merge_whole(self, xs: Vectors) -> torch.Tensor:
         stacked = torch.stack(xs[:-1] if self.with_base else xs)
         if self.with_base:
             stacked -= xs[-1]
         flat = stacked.view(stacked.shape[0], -1)
-        w = torch.tensor(self.weights, dtype=flat.dtype, device=flat.device)
-        if self.normalize:
-            w = w / w.sum()
+        w = self._weights(flat.dtype, flat.device)
         norms = torch.norm(flat, dim=-1, keepdim=True)
         units = flat / (norms + self.eps)
-        mean = (units * w.view(-1, 1)).sum(0)
+        mean = _mean(units, w)
         mean_norm = torch.norm(mean)
         if mean_norm < self.eps:  # directions that cancel: linearly, Σ wᵢ·vᵢ
             if len(self.weights) != 2 and bool(norms.any()):
                 raise self._refuse()
-            out = stacked[0] * w[0]
-            for i in range(1, len(self.weights)):
-                out = out + stacked[i] * w[i]
+            out = _linear(flat, w)
         else:
-            out = self._projected(units, mean / mean_norm, w, norms).view(stacked.shape[1:])
+            mean = mean / mean_norm
+            dots = (units * mean).sum(-1, keepdim=True)
+            tangent = _tangent(units, mean, dots, w)
+            length = torch.norm(tangent) + self.eps
+            out = _mapped(mean, tangent, length, (norms.squeeze(-1) * w).sum())
+        out = out.view(stacked.shape[1:])
         return out + xs[-1] if self.with_base else out
 
-    def _projected(
-        self, units: torch.Tensor, mean: torch.Tensor, w: torch.Tensor, norms: torch.Tensor
-    ) -> torch.Tensor:
-        """The weighted mean of the tangent vectors at `mean`, mapped back to the sphere and
-        scaled by the weighted mean of the norms."""
-        dots = (units * mean).sum(-1, keepdim=True)
-        tangent = ((units - dots * mean) * w.view(-1, 1)).sum(0)
-        length = torch.norm(tangent) + self.eps
-        out: torch.Tensor = mean * torch.cos(length) + tangent * (torch.sin(length) / length)
-        return out * (norms.squeeze(-1) * w).sum()
+    def _measure(self) -> _Measured | torch.Tensor | Literal[False]:
+        """merge_whole's norms, dot products and lengths, each summed in torch's order over
+        the whole tensor read a piece at a time (four passes); the weights alone where the
+        directions cancel; False where torch's order is not reproduced (torch_order)."""
+        from engine.kernels import torch_order  # numba: loaded for tensors over a chunk
+
+        first = self.read(self.sources[0], 0, 1)
+        dtype = first.dtype
+        if not torch_order.exact_here(dtype, first.device):
+            return False
+        count, step = len(self.weights), torch_order.ALIGN
+        pieces = partial(self._pieces, max(step, self.step // step * step))
+        w = self._weights(dtype, first.device)
+        norms = torch_order.RowNorms(count, self.numel, dtype)
+        for flat in pieces():
+            norms.add(flat)
+        row_norms = norms.result().view(count, 1)
+        divisors = row_norms + self.eps
+        mean_norms = torch_order.RowNorms(1, self.numel, dtype)
+        for flat in pieces():
+            mean_norms.add(_mean(flat / divisors, w).view(1, -1))
+        mean_norm = mean_norms.result()[0]
+        if mean_norm < self.eps:
+            if count != 2 and bool(row_norms.any()):
+                raise self._refuse()
+            return w
+        sums = torch_order.RowSums(count, self.numel, dtype)
+        for flat in pieces():
+            units = flat / divisors
+            sums.add(units * (_mean(units, w) / mean_norm))
+        dots = sums.result().view(count, 1)
+        lengths = torch_order.RowNorms(1, self.numel, dtype)
+        for flat in pieces():
+            units = flat / divisors
+            lengths.add(_tangent(units, _mean(units, w) / mean_norm, dots, w).view(1, -1))
+        scale = (row_norms.squeeze(-1) * w).sum()
+        return _Measured(w, divisors, mean_norm, dots, lengths.result()[0] + self.eps, scale)
+
+    def _pieces(self, step: int) -> Iterator[torch.Tensor]:
+        """The vectors, stacked, `step` elements of each at a time."""
+        for start in range(0, self.numel, step):
+            count = min(step, self.numel - start)
+            yield torch.stack(self.vectors([self.read(s, start, count) for s in self.sources]))
+
+    def _from(self, found: _Measured | torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """merge_whole's output over a piece of the vectors, from the measured statistics."""
+        if isinstance(found, torch.Tensor):  # directions that cancel: by these weights
+            return _linear(flat, found)
+        units = flat / found.divisors
+        mean = _mean(units, found.weights) / found.mean_norm
+        tangent = _tangent(units, mean, found.dots, found.weights)
+        return _mapped(mean, tangent, found.length, found.scale)
 
     def coefficients(self, gram: torch.Tensor) -> torch.Tensor:
         """The output as Σ cᵢ·vᵢ (vᵢ the models or their task vectors), in float64."""

@@ -1,0 +1,255 @@
+"""torch's CPU reductions over the last dimension, reproduced to the bit a piece at a time.
+
+mergekit reduces whole tensors (`torch.norm(x, dim=-1)`, `x.sum(-1)`); Layerswap reads a large
+tensor a piece at a time. A float sum's bits depend on the order of its additions, so these
+classes add in torch's own order, carried from piece to piece:
+
+- the L2 norm (ReduceOpsKernel's vectorised path for float32, float64 and bfloat16): one
+  accumulator vector of W lanes, each lane adding x² of every W-th element (a bfloat16 vector
+  of 2W elements widened to two float32 halves, the first half added first); then the lanes
+  added left to right, then the elements past the last whole vector one by one; the square root
+  taken in the accumulator's dtype and rounded to the input's;
+- the sum (SumKernel's cascade): vectors of W lanes (a bfloat16 vector's two halves added
+  first), four at a time into four accumulators, carried up a level after every 2^p steps
+  (p = max(4, ⌈log2(steps)⌉ // 4)), up to four levels; then the leftover vectors into the
+  first accumulator, the four added, and the sum of the elements past the last vector plus
+  each lane in turn (a row shorter than a vector: four scalar accumulators, in turn).
+
+W is the width of torch's vectors on this CPU: 8 float32 lanes with AVX2, 16 with AVX-512
+(float64: half that). Each output row is reduced by one thread in that order whatever torch's
+thread count. A piece must start at a multiple of `ALIGN` elements of its row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+from engine.kernels.float_bits import from_bf16
+
+Array = Any  # a numpy array, as compiled code takes it
+_jit = numba.njit(nogil=True, cache=True)
+LEVELS = 4  # the cascade's accumulator levels
+ILP = 4  # vectors the cascade adds side by side
+ALIGN = 512  # a multiple of every ILP step: 4 vectors of 32 bfloat16 (AVX-512)
+SUPPORTED = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def float32_lanes() -> int:
+    """The float32 lanes of torch's vectors on this CPU."""
+    return 16 if "AVX512" in torch.backends.cpu.get_cpu_capability() else 8
+
+
+def exact_here(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the reductions of `dtype` tensors on `device` are reproduced here: torch's CPU
+    kernels on x86 (AVX2 or AVX-512); float16's norm takes another path, not reproduced."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return device.type == "cpu" and dtype in SUPPORTED and capability in ("AVX2", "AVX512")
+
+
+class _Rows:
+    """A reduction of `rows` rows of `length` elements of `dtype`, fed pieces in order."""
+
+    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
+        if dtype not in SUPPORTED:
+            raise ValueError(f"{dtype} reductions are not reproduced")
+        self.rows, self.length, self.dtype = rows, length, dtype
+        self.narrow = dtype == torch.bfloat16
+        self.acc_dtype = np.float64 if dtype == torch.float64 else np.float32
+        lanes = float32_lanes()
+        self.lanes = lanes // 2 if dtype == torch.float64 else lanes
+        self.vector = 2 * self.lanes if self.narrow else self.lanes  # elements per load
+        self.vectors = length // self.vector  # whole vectors in a row
+        self.seen = 0
+
+    def _numpy(self, piece: torch.Tensor) -> Array:
+        """The piece as compiled code reads it: bfloat16 as its bits (uint16)."""
+        if piece.shape != (self.rows, piece.shape[-1]) or piece.dtype != self.dtype:
+            raise ValueError(f"expected {self.rows} rows of {self.dtype}")
+        piece = piece.contiguous()
+        if self.narrow:
+            return piece.view(torch.int16).numpy().view(np.uint16)
+        return piece.numpy()
+
+    def _advance(self, count: int) -> tuple[int, bool]:
+        """The piece's start in its row, and whether it is the last piece."""
+        start = self.seen
+        if start % ALIGN or start + count > self.length:
+            raise ValueError(f"a piece of {count} elements at {start} of {self.length}")
+        self.seen += count
+        return start, self.seen == self.length
+
+    def _widened(self, x: Array) -> Array:
+        """Elements widened to the accumulator's dtype (bfloat16 bits exactly)."""
+        if self.narrow:
+            return (x.astype(np.uint32) << 16).view(np.float32)
+        return x.astype(self.acc_dtype)
+
+    def _load(self, x: Array, vector: int) -> Array:
+        """One vector's lanes as the sum loads it: a bfloat16 vector's two halves added."""
+        part = self._widened(x[vector * self.vector : (vector + 1) * self.vector])
+        if self.narrow:
+            return part[: self.lanes] + part[self.lanes :]
+        return part
+
+    def _rounded(self, values: Array) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(values, self.acc_dtype)).to(self.dtype)
+
+
+class RowNorms(_Rows):
+    """torch.norm(x, dim=-1) of a (rows, length) tensor in float32, float64 or bfloat16."""
+
+    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
+        super().__init__(rows, length, dtype)
+        self.acc = np.zeros((rows, self.lanes), self.acc_dtype)
+        self.tails: list[Array] = []
+
+    def add(self, piece: torch.Tensor) -> None:
+        x = self._numpy(piece)
+        start, last = self._advance(x.shape[1])
+        whole = self.vectors * self.vector - start if last else x.shape[1]
+        if self.narrow:
+            _squares_narrow(self.acc, x, whole, self.lanes)
+        else:
+            _squares(self.acc, x, whole, self.lanes)
+        if last:
+            self.tails = [self._widened(row[whole:]) for row in x]
+
+    def result(self) -> torch.Tensor:
+        if self.seen != self.length:
+            raise ValueError(f"{self.seen} of {self.length} elements were added")
+        out = np.empty(self.rows, self.acc_dtype)
+        for r in range(self.rows):
+            total = self.acc[r, 0]
+            for lane in self.acc[r, 1:]:
+                total = total + lane
+            for value in self.tails[r] if self.tails else ():
+                total = total + value * value
+            out[r] = np.sqrt(total)
+        return self._rounded(out)
+
+
+class RowSums(_Rows):
+    """x.sum(-1) of a (rows, length) tensor in float32, float64 or bfloat16 (summed in
+    float32, the sum rounded once), rows ≥ 2: torch splits the sum of a single row between
+    its threads, each thread's part in this order, so its bits depend on their count."""
+
+    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
+        if rows < 2:
+            raise ValueError("a single row's sum is split between torch's threads")
+        super().__init__(rows, length, dtype)
+        self.steps = self.vectors // ILP  # the cascade's steps of ILP vectors
+        self.power = max(4, _ceil_log2(self.steps) // LEVELS)
+        self.acc = np.zeros((rows, LEVELS, ILP, self.lanes), self.acc_dtype)
+        self.rest: list[Array] = []
+
+    def add(self, piece: torch.Tensor) -> None:
+        x = self._numpy(piece)
+        start, last = self._advance(x.shape[1])
+        step = ILP * self.vector
+        count = self.steps - start // step if last else x.shape[1] // step
+        _cascade(self.acc, x, count, start // step, self.power, self.lanes, self.narrow)
+        if last:
+            self.rest = [row[count * step :] for row in x]
+
+    def result(self) -> torch.Tensor:
+        if self.seen != self.length:
+            raise ValueError(f"{self.seen} of {self.length} elements were added")
+        out = np.empty(self.rows, self.acc_dtype)
+        if not self.vectors:  # rows shorter than a vector: summed as scalars
+            for r, row in enumerate(self.rest):
+                out[r] = _scalar_sum(self._widened(row))
+            return self._rounded(out)
+        for r in range(self.rows):
+            acc = self.acc[r]
+            first = acc[0].copy()
+            for level in acc[1:]:
+                first += level
+            rest = self.rest[r] if self.rest else np.empty(0, np.uint16)
+            leftover = self.vectors - self.steps * ILP  # whole vectors after the last step
+            for v in range(leftover):
+                first[0] += self._load(rest, v)
+            for k in range(1, ILP):
+                first[0] += first[k]
+            total = self.acc_dtype(0)
+            for value in self._widened(rest[leftover * self.vector :]):
+                total = total + value
+            for lane in first[0]:
+                total = total + lane
+            out[r] = total
+        return self._rounded(out)
+
+
+@_jit
+def _squares(acc: Array, x: Array, count: int, lanes: int) -> None:
+    """acc[r, lane] += x² of the row's elements [0, count) in lane order."""
+    for r in range(x.shape[0]):
+        row = x[r]
+        for d in range(0, count, lanes):
+            for lane in range(lanes):
+                value = row[d + lane]
+                acc[r, lane] += value * value
+
+
+@_jit
+def _squares_narrow(acc: Array, x: Array, count: int, lanes: int) -> None:
+    """_squares of bfloat16 bits: each vector of 2·lanes elements as two halves, in order."""
+    for r in range(x.shape[0]):
+        row = x[r]
+        for d in range(0, count, 2 * lanes):
+            for half in range(2):
+                for lane in range(lanes):
+                    value = from_bf16(row[d + half * lanes + lane])
+                    acc[r, lane] += value * value
+
+
+@_jit
+def _cascade(
+    acc: Array, x: Array, steps: int, first: int, power: int, lanes: int, narrow: bool
+) -> None:
+    """`steps` cascade steps of ILP vectors from the start of each row of x, the first being
+    step `first` of the whole row."""
+    mask = (1 << power) - 1
+    vector = 2 * lanes if narrow else lanes
+    for r in range(x.shape[0]):
+        row = x[r]
+        level = acc[r]
+        done = first
+        for s in range(steps):
+            for k in range(ILP):
+                at = (s * ILP + k) * vector
+                for lane in range(lanes):
+                    if narrow:
+                        value = from_bf16(row[at + lane]) + from_bf16(row[at + lanes + lane])
+                    else:
+                        value = row[at + lane]
+                    level[0, k, lane] += value
+            done += 1
+            if done & mask == 0:
+                for j in range(1, LEVELS):
+                    for k in range(ILP):
+                        for lane in range(lanes):
+                            level[j, k, lane] += level[j - 1, k, lane]
+                            level[j - 1, k, lane] = 0
+                    if done & (mask << (j * power)):
+                        break
+
+
+def _scalar_sum(values: Array) -> Any:
+    """A row shorter than one vector: four accumulators taking every fourth element, the
+    elements past the last four into the first, then the four added in order."""
+    acc = [values.dtype.type(0)] * ILP
+    whole = len(values) // ILP * ILP
+    for i in range(whole):
+        acc[i % ILP] = acc[i % ILP] + values[i]
+    for value in values[whole:]:
+        acc[0] = acc[0] + value
+    return acc[0] + acc[1] + acc[2] + acc[3]
+
+
+def _ceil_log2(value: int) -> int:
+    """ATen's CeilLog2: 1 up to 2, else ⌈log2(value)⌉."""
+    return 1 if value <= 2 else (value - 1).bit_length()
