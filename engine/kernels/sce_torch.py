@@ -13,12 +13,15 @@ Per tensor, with δᵢ = Tᵢ − base for the N models:
 A tensor whose inputs each fit in a chunk is read whole and merged with mergekit's own float32
 operations (its torch.topk picks among equal variances at the cut), so the bytes equal its
 output; the N deltas and a few temporaries of the tensor's size are held at once. A larger one
-is read a chunk at a time: once to count the nonzero variances, once or twice more to select
-the k largest (top_k.py: exact, but of equal variances at the cut the first in flat order,
-where mergekit's torch.topk picks its own), once for the mean squares (summed in float64, where
-mergekit sums in float32), once for the output; so outputs there differ from mergekit's by a
-few ulps, and entries whose variance ties with the cut may be kept where mergekit drops them,
-or the reverse.
+is read a chunk at a time: once to count the nonzero variances, once more to select the k
+largest, once for the mean squares, once for the output. The selection is torch.topk's own
+where the tensor's variances fit in memory (std_select.py: the very entries of equal variance
+at the cut that torch keeps; `in_memory` entries, 6-8 bytes each), else exact but of equal
+variances at the cut the first in flat order (top_k.py). The mean squares are summed in
+torch's order (torch_order.py) with two or more models on the CPU, else in float64. So the
+output equals mergekit's except past `in_memory` entries, where entries whose variance ties
+with the cut may be kept where mergekit drops them, or the reverse, and with one model, by a
+few ulps.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from engine.kernels.interpolation_torch import Read
@@ -52,7 +56,8 @@ class Sce:
         self.whole = self.numel <= chunk
         self._output: torch.Tensor | None = None
         self._weights: torch.Tensor | None = None
-        self._top: TopK | None = None  # None: every entry kept
+        self._top: TopK | None = None  # None: every entry kept (or self._kept says which)
+        self._kept: torch.Tensor | None = None  # torch.topk's very choice, where reproduced
         self._nothing_kept = False
         self._ties_left = 0
 
@@ -67,7 +72,7 @@ class Sce:
             self._prepare()
         assert self._weights is not None
         base, deltas = self._deltas(start, count)
-        masked = self._masked(deltas)
+        masked = self._masked(deltas, start)
         return _erase(base, masked, self._weights.view(-1, 1))
 
     # -- whole ----------------------------------------------------------------------------
@@ -113,32 +118,71 @@ class Sce:
         if 0 < self.density < 1:
             nonzero = sum(int(torch.count_nonzero(v)) for v in self._variances())
             k = int(torch.tensor(nonzero) * self.density)
-            if k > 0:
+            if k > 0 and self.numel <= self.in_memory and self._on_cpu():
+                self._kept = self._chosen(k)
+            elif k > 0:
                 self._top = top_k(self._variances, k, numel=self.numel, in_memory=self.in_memory)
             else:
                 self._nothing_kept = True
         elif self.density <= 0:
             self._nothing_kept = True
         self._restart()
-        squares: torch.Tensor | None = None
-        dtype = torch.float32
-        for start, count in self._spans():
-            masked = self._masked(self._deltas(start, count)[1])
-            dtype = masked.dtype
-            part = masked.double().square_().sum(dim=1)
-            squares = part if squares is None else squares.add_(part)
-        assert squares is not None
-        self._weights = _weights((squares / self.numel).to(dtype))
+        self._weights = _weights(self._mean_squares())
         self._restart()
+
+    def _mean_squares(self) -> torch.Tensor:
+        """mean(δᵢ²) of each model's kept deltas: summed in torch's order (torch_order.py),
+        so equal to mergekit's, where it is reproduced (two or more models, on the CPU), else
+        in float64."""
+        from engine.kernels import torch_order  # numba: loaded for tensors over a chunk
+
+        models = len(self.sources) - 1
+        probe = self.read(self.sources[0], 0, 1)
+        if models > 1 and torch_order.exact_here(probe.dtype, probe.device):
+            sums = torch_order.RowSums(models, self.numel, probe.dtype)
+            step = max(torch_order.ALIGN, self.step // torch_order.ALIGN * torch_order.ALIGN)
+            for start in range(0, self.numel, step):
+                count = min(step, self.numel - start)
+                sums.add(self._masked(self._deltas(start, count)[1], start).square())
+            return sums.mean()
+        squares = torch.zeros(models, dtype=torch.float64, device=probe.device)
+        for start, count in self._spans():
+            squares.add_(
+                self._masked(self._deltas(start, count)[1], start).double().square_().sum(1)
+            )
+        return (squares / self.numel).to(probe.dtype)
+
+    def _on_cpu(self) -> bool:
+        return self.read(self.sources[0], 0, 1).device.type == "cpu"
+
+    def _chosen(self, k: int) -> torch.Tensor:
+        """The entries torch.topk keeps of the variances, as mergekit's selection does (of
+        equal variances at the cut, the very ones): std_select.py, on the whole tensor's."""
+        from engine.kernels import std_select  # numba: loaded for tensors over a chunk
+
+        held: np.ndarray | None = None
+        at = 0
+        for variance in self._variances():
+            part = std_select.keys(variance)
+            if held is None:
+                held = np.empty(self.numel, part.dtype)
+            held[at : at + part.size] = part
+            at += part.size
+        assert held is not None
+        return torch.from_numpy(std_select.top_k_mask(held, k))
 
     def _restart(self) -> None:
         """Back to the first entry: the tied entries at the cut are kept in flat order."""
         self._ties_left = self._top.ties if self._top is not None else 0
 
-    def _masked(self, deltas: torch.Tensor) -> torch.Tensor:
-        """The deltas with the entries not selected zeroed, as multiplying by the 0/1 mask."""
+    def _masked(self, deltas: torch.Tensor, start: int) -> torch.Tensor:
+        """The deltas of entries [start, …) with the entries not selected zeroed, as
+        multiplying by the 0/1 mask."""
         if self._nothing_kept:
             return deltas * torch.zeros_like(deltas[0])
+        if self._kept is not None:
+            kept = self._kept[start : start + deltas.shape[-1]]
+            return deltas * kept.to(device=deltas.device, dtype=deltas.dtype)
         if self._top is None:
             return deltas
         keep, self._ties_left = keep_mask(_variance(deltas), self._top, self._ties_left)

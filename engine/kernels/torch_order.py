@@ -156,13 +156,22 @@ class RowSums(_Rows):
             self.rest = [row[count * step :] for row in x]
 
     def result(self) -> torch.Tensor:
+        return self._rounded(self._totals())
+
+    def mean(self) -> torch.Tensor:
+        """x.mean(-1) as torch takes it: the sum in the accumulator's dtype divided there by
+        the length, rounded once to the dtype."""
+        return self._rounded(self._totals() / self.acc_dtype(self.length))
+
+    def _totals(self) -> Array:
+        """The sums in the accumulator's dtype."""
         if self.seen != self.length:
             raise ValueError(f"{self.seen} of {self.length} elements were added")
         out = np.empty(self.rows, self.acc_dtype)
         if not self.vectors:  # rows shorter than a vector: summed as scalars
             for r, row in enumerate(self.rest):
                 out[r] = _scalar_sum(self._widened(row))
-            return self._rounded(out)
+            return out
         for r in range(self.rows):
             acc = self.acc[r]
             first = acc[0].copy()
@@ -180,7 +189,7 @@ class RowSums(_Rows):
             for lane in first[0]:
                 total = total + lane
             out[r] = total
-        return self._rounded(out)
+        return out
 
 
 @_jit

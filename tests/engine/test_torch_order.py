@@ -1,4 +1,4 @@
-"""torch_order's norms and sums, fed a piece at a time, against torch's own reductions of the
+"""torch_order's norms, sums and means, fed a piece at a time, against torch's own reductions of the
 whole rows: equal bits for every dtype it reproduces, at lengths around the cascade's steps
 and levels and with pieces of several sizes."""
 
@@ -43,8 +43,9 @@ def test_norms_and_sums_in_pieces_equal_torchs_of_the_whole_rows(
         assert norms.dtype == dtype
         assert torch.equal(norms, torch.norm(rows, dim=-1)), (count, piece)
         if count > 1:  # one row's sum is split between torch's threads
-            sums = _fed(torch_order.RowSums(count, length, dtype), rows, piece)
-            assert torch.equal(sums, rows.sum(-1)), (count, piece)
+            sums = torch_order.RowSums(count, length, dtype)
+            assert torch.equal(_fed(sums, rows, piece), rows.sum(-1)), (count, piece)
+            assert torch.equal(sums.mean(), rows.mean(-1)), (count, piece)
 
 
 def test_the_sum_of_a_tensor_is_not_reproduced_by_float64_arithmetic() -> None:
