@@ -17,10 +17,8 @@ few ulps.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
-from typing import Literal, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
@@ -28,6 +26,9 @@ from engine.errors import RecipeError
 from engine.kernels.interpolation_torch import Read
 from engine.kernels.torch_threads import using_threads
 from engine.plan.model import TensorPlan
+
+if TYPE_CHECKING:
+    from engine.kernels.multislerp_pieces import InPieces
 
 Vectors = list[torch.Tensor]
 
@@ -105,20 +106,6 @@ def _norm(gram: torch.Tensor, c: torch.Tensor) -> float:
     return math.sqrt(max(float(c @ gram @ c), 0.0))
 
 
-@dataclass(frozen=True)
-class _Measured:
-    """multislerp's statistics of a whole tensor: the weights, the norms (+ eps) dividing
-    each vector, the norm of their weighted mean, each unit vector's dot product with it, the
-    tangent's length (+ eps) and the output's scale."""
-
-    weights: torch.Tensor
-    divisors: torch.Tensor
-    mean_norm: torch.Tensor
-    dots: torch.Tensor
-    length: torch.Tensor
-    scale: torch.Tensor
-
-
 def _mean(units: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (units * w.view(-1, 1)).sum(0)
 
@@ -162,7 +149,7 @@ class MultiSlerp(Spherical):
         self.eps = self.scalars.get("eps", 1e-8)
         models = tensor.terms[:-1] if self.with_base else tensor.terms
         self.weights = [term.coefficient for term in models]
-        self._measured: _Measured | torch.Tensor | Literal[False] | None = None
+        self._measured: InPieces | torch.Tensor | Literal[False] | None = None
 
     def vectors(self, xs: Vectors) -> Vectors:
         if not self.with_base:
@@ -183,9 +170,11 @@ class MultiSlerp(Spherical):
             self._measured = self._measure()
         if self._measured is False:  # by the Gram matrix instead: within ulps of mergekit
             return super().chunk(start, count)
-        xs = [self.read(s, start, count) for s in self.sources]
-        out = self._from(self._measured, torch.stack(self.vectors(xs)))
-        return out.add_(xs[-1]) if self.with_base else out
+        if isinstance(self._measured, torch.Tensor):  # directions that cancel: linearly
+            xs = [self.read(s, start, count) for s in self.sources]
+            out = _linear(torch.stack(self.vectors(xs)), self._measured)
+            return out + xs[-1] if self.with_base else out
+        return self._measured.chunk(start, count)
 
     def _weights(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         w = torch.tensor(self.weights, dtype=dtype, device=device)
@@ -214,58 +203,25 @@ class MultiSlerp(Spherical):
         out = out.view(stacked.shape[1:])
         return out + xs[-1] if self.with_base else out
 
-    def _measure(self) -> _Measured | torch.Tensor | Literal[False]:
-        """merge_whole's norms, dot products and lengths, each summed in torch's order over
-        the whole tensor read a piece at a time (four passes); the weights alone where the
-        directions cancel; False where torch's order is not reproduced (torch_order)."""
-        from engine.kernels import torch_order  # numba: loaded for tensors over a chunk
+    def _measure(self) -> InPieces | torch.Tensor | Literal[False]:
+        """merge_whole's statistics of the whole tensor, a piece at a time in torch's order
+        (multislerp_pieces.py); the weights alone where the directions cancel; False where
+        torch's order is not reproduced."""
+        from engine.kernels import multislerp_pieces  # numba: loaded for tensors over a chunk
 
         first = self.read(self.sources[0], 0, 1)
-        dtype = first.dtype
-        if not torch_order.exact_here(dtype, first.device):
+        if not multislerp_pieces.reproduced(first.dtype, first.device):
             return False
-        count, step = len(self.weights), torch_order.ALIGN
-        pieces = partial(self._pieces, max(step, self.step // step * step))
-        w = self._weights(dtype, first.device)
-        norms = torch_order.RowNorms(count, self.numel, dtype)
-        for flat in pieces():
-            norms.add(flat)
-        row_norms = norms.result().view(count, 1)
-        divisors = row_norms + self.eps
-        mean_norms = torch_order.RowNorms(1, self.numel, dtype)
-        for flat in pieces():
-            mean_norms.add(_mean(flat / divisors, w).view(1, -1))
-        mean_norm = mean_norms.result()[0]
-        if mean_norm < self.eps:
-            if count != 2 and bool(row_norms.any()):
-                raise self._refuse()
-            return w
-        sums = torch_order.RowSums(count, self.numel, dtype)
-        for flat in pieces():
-            units = flat / divisors
-            sums.add(units * (_mean(units, w) / mean_norm))
-        dots = sums.result().view(count, 1)
-        lengths = torch_order.RowNorms(1, self.numel, dtype)
-        for flat in pieces():
-            units = flat / divisors
-            lengths.add(_tangent(units, _mean(units, w) / mean_norm, dots, w).view(1, -1))
-        scale = (row_norms.squeeze(-1) * w).sum()
-        return _Measured(w, divisors, mean_norm, dots, lengths.result()[0] + self.eps, scale)
-
-    def _pieces(self, step: int) -> Iterator[torch.Tensor]:
-        """The vectors, stacked, `step` elements of each at a time."""
-        for start in range(0, self.numel, step):
-            count = min(step, self.numel - start)
-            yield torch.stack(self.vectors([self.read(s, start, count) for s in self.sources]))
-
-    def _from(self, found: _Measured | torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        """merge_whole's output over a piece of the vectors, from the measured statistics."""
-        if isinstance(found, torch.Tensor):  # directions that cancel: by these weights
-            return _linear(flat, found)
-        units = flat / found.divisors
-        mean = _mean(units, found.weights) / found.mean_norm
-        tangent = _tangent(units, mean, found.dots, found.weights)
-        return _mapped(mean, tangent, found.length, found.scale)
+        w = self._weights(first.dtype, first.device)
+        pieces = multislerp_pieces.InPieces(
+            self.read, self.sources, self.numel, step=self.step, with_base=self.with_base,
+            eps=self.eps, weights=w,
+        )  # fmt: skip
+        if pieces.measure():
+            return pieces
+        if len(self.weights) != 2 and bool(pieces.norms.any()):
+            raise self._refuse()
+        return w
 
     def coefficients(self, gram: torch.Tensor) -> torch.Tensor:
         """The output as Σ cᵢ·vᵢ (vᵢ the models or their task vectors), in float64."""

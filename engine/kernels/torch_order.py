@@ -28,7 +28,7 @@ import numba
 import numpy as np
 import torch
 
-from engine.kernels.float_bits import from_bf16
+from engine.kernels.float_bits import as_float32
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True)
@@ -84,7 +84,7 @@ class _Rows:
 
     def _widened(self, x: Array) -> Array:
         """Elements widened to the accumulator's dtype (bfloat16 bits exactly)."""
-        if self.narrow:
+        if x.dtype == np.uint16:
             return (x.astype(np.uint32) << 16).view(np.float32)
         return x.astype(self.acc_dtype)
 
@@ -108,7 +108,11 @@ class RowNorms(_Rows):
         self.tails: list[Array] = []
 
     def add(self, piece: torch.Tensor) -> None:
-        x = self._numpy(piece)
+        self.add_values(self._numpy(piece))
+
+    def add_values(self, x: Array) -> None:
+        """add() of a piece given as a numpy array: bfloat16 bits, or the values as numbers
+        (bfloat16 ones as float32)."""
         start, last = self._advance(x.shape[1])
         whole = self.vectors * self.vector - start if last else x.shape[1]
         if self.narrow:
@@ -147,7 +151,11 @@ class RowSums(_Rows):
         self.rest: list[Array] = []
 
     def add(self, piece: torch.Tensor) -> None:
-        x = self._numpy(piece)
+        self.add_values(self._numpy(piece))
+
+    def add_values(self, x: Array) -> None:
+        """add() of a piece given as a numpy array: bfloat16 bits, or the values as numbers
+        (bfloat16 ones as float32)."""
         start, last = self._advance(x.shape[1])
         step = ILP * self.vector
         count = self.steps - start // step if last else x.shape[1] // step
@@ -211,7 +219,7 @@ def _squares_narrow(acc: Array, x: Array, count: int, lanes: int) -> None:
         for d in range(0, count, 2 * lanes):
             for half in range(2):
                 for lane in range(lanes):
-                    value = from_bf16(row[d + half * lanes + lane])
+                    value = as_float32(row[d + half * lanes + lane])
                     acc[r, lane] += value * value
 
 
@@ -232,7 +240,7 @@ def _cascade(
                 at = (s * ILP + k) * vector
                 for lane in range(lanes):
                     if narrow:
-                        value = from_bf16(row[at + lane]) + from_bf16(row[at + lanes + lane])
+                        value = as_float32(row[at + lane]) + as_float32(row[at + lanes + lane])
                     else:
                         value = row[at + lane]
                     level[0, k, lane] += value
