@@ -1,11 +1,14 @@
 """multislerp's elementwise steps over a piece of a tensor, compiled: the torch operations of
-MultiSlerp.merge_whole fused into one loop per step, the same bits.
+MultiSlerp.merge_whole fused into one loop per pass, the same bits.
 
 Each torch operation on bfloat16 tensors computes in float32 and rounds once to bfloat16, so
 each step here is that float32 operation followed by that rounding (`narrow`); float32 and
 float64 arithmetic round in their own dtype. A sum over the models (torch's `sum(0)`) starts
-from +0 and adds them in order in float32 (float64 for float64), rounded once. Values arrive
-widened (bfloat16 as float32, exactly) and leave in the arithmetic's working dtype.
+from +0 and adds them in order in float32 (float64 for float64), rounded once.
+
+The inputs arrive as one array of rows, the models then (`with_base`) the base: bfloat16 as
+their bits (uint16), float32 and float64 as they are. Each pass works a block of entries at a
+time, one step over the whole block before the next (so that numba vectorises each step).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from engine.kernels.float_bits import from_bf16, to_bf16
 
@@ -22,85 +27,166 @@ _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 _inline = numba.njit(inline="always", cache=True)
 
 
+def _wide(value: Any) -> Any:
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_wide, inline="always")
+def _wide_overload(value: Any) -> Any:
+    if isinstance(value, types.Integer):  # bfloat16 bits
+
+        def widen(value: Any) -> Any:
+            return from_bf16(value)
+
+        return widen
+
+    def as_is(value: Any) -> Any:
+        return value
+
+    return as_is
+
+
 @_inline
 def _r(value: Any, narrow: bool) -> Any:
     """value rounded to the arithmetic's dtype (bfloat16 where narrow)."""
     return from_bf16(to_bf16(value)) if narrow else value
 
 
-@_jit
-def difference(models: Array, base: Array, narrow: bool, out: Array) -> None:
-    """out[i] = models[i] − base."""
-    for i in range(models.shape[0]):
-        for j in range(models.shape[1]):
-            out[i, j] = _r(models[i, j] - base[j], narrow)
+BLOCK = 2048  # entries whose steps are taken together, in scratch rows that stay in cache
 
 
-@_jit
-def added(values: Array, base: Array, narrow: bool) -> None:
-    """values += base."""
-    for j in range(values.shape[0]):
-        values[j] = _r(values[j] + base[j], narrow)
-
-
-@_jit
-def units(vectors: Array, divisors: Array, narrow: bool, out: Array) -> None:
-    """out[i] = vectors[i] / divisors[i]."""
-    for i in range(vectors.shape[0]):
-        d = divisors[i]
-        for j in range(vectors.shape[1]):
-            out[i, j] = _r(vectors[i, j] / d, narrow)
-
-
-@_jit
-def weighted_mean(units: Array, w: Array, narrow: bool, zero: Any, out: Array) -> None:
-    """out = Σᵢ units[i]·w[i] (torch's (units * w).sum(0)), each product rounded."""
-    for j in range(units.shape[1]):
-        total = zero
-        for i in range(units.shape[0]):
-            total += _r(units[i, j] * w[i], narrow)
-        out[j] = _r(total, narrow)
-
-
-@_jit
-def scaled(values: Array, divisor: Any, narrow: bool, out: Array) -> None:
-    """out = values / divisor."""
-    for j in range(values.shape[0]):
-        out[j] = _r(values[j] / divisor, narrow)
-
-
-@_jit
-def products(units: Array, mean: Array, narrow: bool, out: Array) -> None:
-    """out[i] = units[i]·mean."""
+@_inline
+def _units(
+    xs: Array, lo: int, hi: int, with_base: bool, divisors: Array, narrow: bool, units: Array
+) -> None:
+    """units[i, :hi-lo] = model i's vector over [lo, hi) divided by divisors[i]."""
+    # rows sliced and indexed from 0: numba then drops negative-index checks and vectorises
+    base = xs[xs.shape[0] - 1, lo:hi]
     for i in range(units.shape[0]):
-        for j in range(units.shape[1]):
-            out[i, j] = _r(units[i, j] * mean[j], narrow)
+        d, src, dst = divisors[i], xs[i, lo:hi], units[i]
+        if with_base:
+            for j in range(hi - lo):
+                dst[j] = _r(_r(_wide(src[j]) - _wide(base[j]), narrow) / d, narrow)
+        else:
+            for j in range(hi - lo):
+                dst[j] = _r(_wide(src[j]) / d, narrow)
+
+
+@_inline
+def _mean(
+    units: Array, n: int, w: Array, narrow: bool, zero: Any, mean_norm: Any, out: Array
+) -> None:
+    """out[:n] = Σᵢ wᵢ·uᵢ (from +0, in order, each product rounded, the sum rounded once),
+    divided by mean_norm unless it is 0 (then as it is)."""
+    for j in range(n):
+        out[j] = zero
+    for i in range(units.shape[0]):
+        wi, row = w[i], units[i]
+        for j in range(n):
+            out[j] += _r(row[j] * wi, narrow)
+    for j in range(n):
+        out[j] = _r(out[j], narrow)
+    if mean_norm != zero:
+        for j in range(n):
+            out[j] = _r(out[j] / mean_norm, narrow)
+
+
+@_inline
+def _tangent(
+    units: Array, n: int, mean: Array, dots: Array, w: Array, narrow: bool, zero: Any,
+    out: Array,
+) -> None:  # fmt: skip
+    """out[:n] = Σᵢ (uᵢ − dotsᵢ·mean)·wᵢ, each step rounded, the sum as _mean's."""
+    for j in range(n):
+        out[j] = zero
+    for i in range(units.shape[0]):
+        di, wi, row = dots[i], w[i], units[i]
+        for j in range(n):
+            away = _r(row[j] - _r(di * mean[j], narrow), narrow)
+            out[j] += _r(away * wi, narrow)
+    for j in range(n):
+        out[j] = _r(out[j], narrow)
 
 
 @_jit
-def tangent(
-    units: Array, mean: Array, dots: Array, w: Array, narrow: bool, zero: Any, out: Array
-) -> None:
-    """out = Σᵢ (units[i] − dots[i]·mean)·w[i] (torch's sum(0)), each step rounded."""
-    for j in range(units.shape[1]):
-        total = zero
-        m = mean[j]
+def vectors(xs: Array, with_base: bool, narrow: bool, out: Array) -> None:
+    """out[i] = model i's vector."""
+    base = xs[xs.shape[0] - 1]
+    for i in range(out.shape[0]):
+        src, dst = xs[i], out[i]
+        if with_base:
+            for j in range(len(dst)):
+                dst[j] = _r(_wide(src[j]) - _wide(base[j]), narrow)
+        else:
+            for j in range(len(dst)):
+                dst[j] = _wide(src[j])
+
+
+@_jit
+def means(
+    xs: Array, with_base: bool, divisors: Array, w: Array, mean_norm: Any, narrow: bool,
+    zero: Any, out: Array,
+) -> None:  # fmt: skip
+    """out = the weighted mean of the unit vectors (divided by mean_norm, unless 0)."""
+    units = np.empty((len(divisors), BLOCK), out.dtype)
+    for lo in range(0, len(out), BLOCK):
+        hi = min(lo + BLOCK, len(out))
+        _units(xs, lo, hi, with_base, divisors, narrow, units)
+        _mean(units, hi - lo, w, narrow, zero, mean_norm, out[lo:hi])
+
+
+@_jit
+def dot_terms(
+    xs: Array, with_base: bool, divisors: Array, w: Array, mean_norm: Any, narrow: bool,
+    zero: Any, out: Array,
+) -> None:  # fmt: skip
+    """out[i] = uᵢ·m, m the weighted mean of the unit vectors divided by mean_norm."""
+    units = np.empty((len(divisors), BLOCK), out.dtype)
+    mean = np.empty(BLOCK, out.dtype)
+    for lo in range(0, out.shape[1], BLOCK):
+        hi = min(lo + BLOCK, out.shape[1])
+        _units(xs, lo, hi, with_base, divisors, narrow, units)
+        _mean(units, hi - lo, w, narrow, zero, mean_norm, mean)
         for i in range(units.shape[0]):
-            away = _r(units[i, j] - _r(dots[i] * m, narrow), narrow)
-            total += _r(away * w[i], narrow)
-        out[j] = _r(total, narrow)
+            row, dst = units[i], out[i, lo:hi]
+            for j in range(hi - lo):
+                dst[j] = _r(row[j] * mean[j], narrow)
 
 
 @_jit
-def mapped(
-    mean: Array, tangent: Array, cos: Any, ratio: Any, scale: Any, narrow: bool, out: Array
-) -> None:
-    """out = (mean·cos + tangent·ratio)·scale, each step rounded."""
-    for j in range(mean.shape[0]):
-        moved = _r(_r(mean[j] * cos, narrow) + _r(tangent[j] * ratio, narrow), narrow)
-        out[j] = _r(moved * scale, narrow)
+def tangents(
+    xs: Array, with_base: bool, divisors: Array, w: Array, mean_norm: Any, dots: Array,
+    narrow: bool, zero: Any, out: Array,
+) -> None:  # fmt: skip
+    """out = the weighted mean of the unit vectors' projections on the tangent space at m."""
+    units = np.empty((len(divisors), BLOCK), out.dtype)
+    mean = np.empty(BLOCK, out.dtype)
+    for lo in range(0, len(out), BLOCK):
+        hi = min(lo + BLOCK, len(out))
+        _units(xs, lo, hi, with_base, divisors, narrow, units)
+        _mean(units, hi - lo, w, narrow, zero, mean_norm, mean)
+        _tangent(units, hi - lo, mean, dots, w, narrow, zero, out[lo:hi])
 
 
-def working_dtype(narrow: bool, wide: bool) -> Any:
-    """numpy's dtype for values of the arithmetic: float64 for float64, else float32."""
-    return np.float64 if wide and not narrow else np.float32
+@_jit
+def outputs(
+    xs: Array, with_base: bool, divisors: Array, w: Array, mean_norm: Any, dots: Array,
+    cos: Any, ratio: Any, scale: Any, narrow: bool, zero: Any, out: Array,
+) -> None:  # fmt: skip
+    """out = (m·cos + tangent·ratio)·scale (+ the base), each step rounded."""
+    units = np.empty((len(divisors), BLOCK), out.dtype)
+    mean = np.empty(BLOCK, out.dtype)
+    tangent = np.empty(BLOCK, out.dtype)
+    for lo in range(0, len(out), BLOCK):
+        hi = min(lo + BLOCK, len(out))
+        _units(xs, lo, hi, with_base, divisors, narrow, units)
+        _mean(units, hi - lo, w, narrow, zero, mean_norm, mean)
+        _tangent(units, hi - lo, mean, dots, w, narrow, zero, tangent)
+        dst = out[lo:hi]
+        for j in range(hi - lo):
+            moved = _r(_r(mean[j] * cos, narrow) + _r(tangent[j] * ratio, narrow), narrow)
+            dst[j] = _r(moved * scale, narrow)
+        if with_base:
+            base = xs[xs.shape[0] - 1, lo:hi]
+            for j in range(hi - lo):
+                dst[j] = _r(dst[j] + _wide(base[j]), narrow)

@@ -11,6 +11,7 @@ elementwise steps between are merge_whole's torch operations, compiled
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,86 +42,77 @@ class InPieces:
         self.dtype, self.weights = weights.dtype, weights
         self.narrow = self.dtype == torch.bfloat16
         self.work = np.float64 if self.dtype == torch.float64 else np.float32
+        self.zero = self.work(0)
         self.w = self._numbers(weights)
         self.count = len(weights)
+        # the inputs of a piece, read into one buffer (bfloat16 seen by numba as its bits)
+        self._held = torch.empty((len(sources), min(self.step, numel)), dtype=self.dtype)
+        held = self._held.view(torch.int16) if self.narrow else self._held
+        self._xs = held.numpy().view(np.uint16) if self.narrow else held.numpy()
+        self._rows = np.empty((self.count, self._held.shape[1]), self.work)  # a pass's results
 
     def _numbers(self, values: torch.Tensor) -> Array:
         return values.to(torch.float64 if self.work is np.float64 else torch.float32).numpy()
+
+    def _scalar(self, value: torch.Tensor) -> Any:
+        return self.work(float(value))
 
     def measure(self) -> bool:
         """The four passes; False where the directions cancel (their weighted mean is zero),
         True where the output is then made by chunk()."""
         norms = torch_order.RowNorms(self.count, self.numel, self.dtype)
-        for vectors in self._pieces():
-            norms.add_values(vectors)
+        for xs in self._pieces():
+            out = self._rows[:, : xs.shape[1]]
+            steps.vectors(xs, self.with_base, self.narrow, out)
+            norms.add_values(out)
         self.norms = norms.result()
         self.divisors = self._numbers(self.norms + self.eps)
         mean_norms = torch_order.RowNorms(1, self.numel, self.dtype)
-        for vectors in self._pieces():
-            mean_norms.add_values(self._mean(self._units(vectors))[None])
+        for xs in self._pieces():
+            out = self._rows[:1, : xs.shape[1]]
+            steps.means(xs, self.with_base, self.divisors, self.w, self.zero, self.narrow,
+                        self.zero, out[0])  # fmt: skip
+            mean_norms.add_values(out)
         self.mean_norm = mean_norms.result()[0]
         if self.mean_norm < self.eps:
             return False
         sums = torch_order.RowSums(self.count, self.numel, self.dtype)
-        for vectors in self._pieces():
-            units = self._units(vectors)
-            dots = np.empty_like(units)
-            steps.products(units, self._direction(units), self.narrow, dots)
-            sums.add_values(dots)
+        for xs in self._pieces():
+            out = self._rows[:, : xs.shape[1]]
+            steps.dot_terms(xs, self.with_base, self.divisors, self.w,
+                            self._scalar(self.mean_norm), self.narrow, self.zero, out)  # fmt: skip
+            sums.add_values(out)
         self.dots = self._numbers(sums.result())
         lengths = torch_order.RowNorms(1, self.numel, self.dtype)
-        for vectors in self._pieces():
-            units = self._units(vectors)
-            lengths.add_values(self._tangent(units, self._direction(units))[None])
+        for xs in self._pieces():
+            out = self._rows[:1, : xs.shape[1]]
+            steps.tangents(xs, self.with_base, self.divisors, self.w, self._scalar(self.mean_norm),
+                           self.dots, self.narrow, self.zero, out[0])  # fmt: skip
+            lengths.add_values(out)
         length = lengths.result()[0] + self.eps
         # merge_whole's scalars, as its torch operations on 0-d tensors make them
-        self.cos, self.ratio = torch.cos(length), torch.sin(length) / length
-        self.scale = (self.norms * self.weights).sum()
+        cos, ratio = torch.cos(length), torch.sin(length) / length
+        scale = (self.norms * self.weights).sum()
+        self.scalars = tuple(self._scalar(t) for t in (self.mean_norm, cos, ratio, scale))
         return True
 
     def chunk(self, start: int, count: int) -> torch.Tensor:
         """Elements [start, start + count) of the output, once measured."""
-        vectors, base = self._vectors(start, count)
-        units = self._units(vectors)
-        direction = self._direction(units)
-        out = np.empty_like(direction)
-        cos, ratio, scale = (self.work(float(t)) for t in (self.cos, self.ratio, self.scale))
-        steps.mapped(direction, self._tangent(units, direction), cos, ratio, scale,
-                     self.narrow, out)  # fmt: skip
-        if base is not None:
-            steps.added(out, base, self.narrow)
+        out = np.empty(count, self.work)
+        mean_norm, cos, ratio, scale = self.scalars
+        for at in range(0, count, self.step):
+            xs = self._load(start + at, min(self.step, count - at))
+            piece = out[at : at + xs.shape[1]]
+            steps.outputs(xs, self.with_base, self.divisors, self.w, mean_norm, self.dots, cos,
+                          ratio, scale, self.narrow, self.zero, piece)  # fmt: skip
         return torch.from_numpy(out).to(self.dtype)
 
     def _pieces(self) -> Iterator[Array]:
         for start in range(0, self.numel, self.step):
-            yield self._vectors(start, min(self.step, self.numel - start))[0]
+            yield self._load(start, min(self.step, self.numel - start))
 
-    def _vectors(self, start: int, count: int) -> tuple[Array, Array | None]:
-        """The models (less the base) over [start, start + count), and the base."""
-        xs = [self._numbers(self.read(s, start, count)) for s in self.sources]
-        if not self.with_base:
-            return np.stack(xs), None
-        out = np.empty((self.count, count), self.work)
-        steps.difference(np.stack(xs[:-1]), xs[-1], self.narrow, out)
-        return out, xs[-1]
-
-    def _units(self, vectors: Array) -> Array:
-        out = np.empty_like(vectors)
-        steps.units(vectors, self.divisors, self.narrow, out)
-        return out
-
-    def _mean(self, units: Array) -> Array:
-        out = np.empty(units.shape[1], self.work)
-        steps.weighted_mean(units, self.w, self.narrow, self.work(0), out)
-        return out
-
-    def _direction(self, units: Array) -> Array:
-        """The weighted mean of the unit vectors, divided by its norm."""
-        mean = self._mean(units)
-        steps.scaled(mean, self.work(float(self.mean_norm)), self.narrow, mean)
-        return mean
-
-    def _tangent(self, units: Array, direction: Array) -> Array:
-        out = np.empty_like(direction)
-        steps.tangent(units, direction, self.dots, self.w, self.narrow, self.work(0), out)
-        return out
+    def _load(self, start: int, count: int) -> Array:
+        """The inputs over [start, start + count), as rows of the held buffer."""
+        for row, source in enumerate(self.sources):
+            self._held[row, :count].copy_(self.read(source, start, count))
+        return self._xs[:, :count]

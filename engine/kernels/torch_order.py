@@ -161,7 +161,7 @@ class RowSums(_Rows):
         count = self.steps - start // step if last else x.shape[1] // step
         _cascade(self.acc, x, count, start // step, self.power, self.lanes, self.narrow)
         if last:
-            self.rest = [row[count * step :] for row in x]
+            self.rest = [row[count * step :].copy() for row in x]
 
     def result(self) -> torch.Tensor:
         return self._rounded(self._totals())
