@@ -45,11 +45,13 @@ class InPieces:
         self.zero = self.work(0)
         self.w = self._numbers(weights)
         self.count = len(weights)
-        # the inputs of a piece, read into one buffer (bfloat16 seen by numba as its bits)
-        self._held = torch.empty((len(sources), min(self.step, numel)), dtype=self.dtype)
+        # the inputs of a piece, read into one buffer (bfloat16 seen by numba as its bits),
+        # and a pass's results: flat, so that a piece's rows are contiguous whatever its size
+        # (numba vectorises contiguous rows only)
+        self._held = torch.empty(len(sources) * min(self.step, numel), dtype=self.dtype)
         held = self._held.view(torch.int16) if self.narrow else self._held
         self._xs = held.numpy().view(np.uint16) if self.narrow else held.numpy()
-        self._rows = np.empty((self.count, self._held.shape[1]), self.work)  # a pass's results
+        self._results = np.empty(self.count * min(self.step, numel), self.work)
 
     def _numbers(self, values: torch.Tensor) -> Array:
         return values.to(torch.float64 if self.work is np.float64 else torch.float32).numpy()
@@ -62,14 +64,14 @@ class InPieces:
         True where the output is then made by chunk()."""
         norms = torch_order.RowNorms(self.count, self.numel, self.dtype)
         for xs in self._pieces():
-            out = self._rows[:, : xs.shape[1]]
+            out = self._rows(self.count, xs.shape[1])
             steps.vectors(xs, self.with_base, self.narrow, out)
             norms.add_values(out)
         self.norms = norms.result()
         self.divisors = self._numbers(self.norms + self.eps)
         mean_norms = torch_order.RowNorms(1, self.numel, self.dtype)
         for xs in self._pieces():
-            out = self._rows[:1, : xs.shape[1]]
+            out = self._rows(1, xs.shape[1])
             steps.means(xs, self.with_base, self.divisors, self.w, self.zero, self.narrow,
                         self.zero, out[0])  # fmt: skip
             mean_norms.add_values(out)
@@ -78,14 +80,14 @@ class InPieces:
             return False
         sums = torch_order.RowSums(self.count, self.numel, self.dtype)
         for xs in self._pieces():
-            out = self._rows[:, : xs.shape[1]]
+            out = self._rows(self.count, xs.shape[1])
             steps.dot_terms(xs, self.with_base, self.divisors, self.w,
                             self._scalar(self.mean_norm), self.narrow, self.zero, out)  # fmt: skip
             sums.add_values(out)
         self.dots = self._numbers(sums.result())
         lengths = torch_order.RowNorms(1, self.numel, self.dtype)
         for xs in self._pieces():
-            out = self._rows[:1, : xs.shape[1]]
+            out = self._rows(1, xs.shape[1])
             steps.tangents(xs, self.with_base, self.divisors, self.w, self._scalar(self.mean_norm),
                            self.dots, self.narrow, self.zero, out[0])  # fmt: skip
             lengths.add_values(out)
@@ -113,6 +115,11 @@ class InPieces:
 
     def _load(self, start: int, count: int) -> Array:
         """The inputs over [start, start + count), as rows of the held buffer."""
+        rows = len(self.sources)
+        held = self._held[: rows * count].view(rows, count)
         for row, source in enumerate(self.sources):
-            self._held[row, :count].copy_(self.read(source, start, count))
-        return self._xs[:, :count]
+            held[row].copy_(self.read(source, start, count))
+        return self._xs[: rows * count].reshape(rows, count)
+
+    def _rows(self, rows: int, count: int) -> Array:
+        return self._results[: rows * count].reshape(rows, count)
