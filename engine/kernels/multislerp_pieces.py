@@ -20,7 +20,7 @@ from engine.kernels import multislerp_compiled as steps
 from engine.kernels import torch_order
 from engine.kernels.torch_order import Array
 
-Read = Callable[[int, int, int], torch.Tensor]
+ReadInto = Callable[[int, int, torch.Tensor], object]  # (source, start, out): out filled
 
 
 def reproduced(dtype: torch.dtype, device: torch.device) -> bool:
@@ -33,10 +33,10 @@ class InPieces:
     merge_whole takes them (normalised already, in the arithmetic dtype)."""
 
     def __init__(
-        self, read: Read, sources: list[int], numel: int, *, step: int, with_base: bool,
+        self, read_into: ReadInto, sources: list[int], numel: int, *, step: int, with_base: bool,
         eps: float, weights: torch.Tensor,
     ) -> None:  # fmt: skip
-        self.read, self.sources, self.numel = read, sources, numel
+        self.read_into, self.sources, self.numel = read_into, sources, numel
         self.step = max(torch_order.ALIGN, step // torch_order.ALIGN * torch_order.ALIGN)
         self.with_base, self.eps = with_base, eps
         self.dtype, self.weights = weights.dtype, weights
@@ -118,7 +118,7 @@ class InPieces:
         rows = len(self.sources)
         held = self._held[: rows * count].view(rows, count)
         for row, source in enumerate(self.sources):
-            held[row].copy_(self.read(source, start, count))
+            self.read_into(source, start, held[row])
         return self._xs[: rows * count].reshape(rows, count)
 
     def _rows(self, rows: int, count: int) -> Array:

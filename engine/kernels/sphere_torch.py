@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, cast
 import torch
 
 from engine.errors import RecipeError
-from engine.kernels.interpolation_torch import Read
+from engine.kernels.interpolation_torch import Read, ReadInto
 from engine.kernels.torch_threads import using_threads
 from engine.plan.model import TensorPlan
 
@@ -142,8 +142,12 @@ class MultiSlerp(Spherical):
     mergekit, unless every vector is zero (a tensor no model changed from the base: then the
     base, where mergekit refuses)."""
 
-    def __init__(self, read: Read, tensor: TensorPlan, *, chunk: int) -> None:
+    def __init__(
+        self, read: Read, tensor: TensorPlan, *, chunk: int, read_into: ReadInto | None = None
+    ) -> None:
         super().__init__(read, tensor, chunk=chunk)
+        # where given, a tensor over a chunk is read straight into the passes' buffer
+        self.read_into = read_into or (lambda s, start, out: out.copy_(read(s, start, len(out))))
         self.with_base = bool(self.scalars.get("base", 0.0))
         self.normalize = bool(self.scalars.get("normalize_weights", 1.0))
         self.eps = self.scalars.get("eps", 1e-8)
@@ -214,7 +218,7 @@ class MultiSlerp(Spherical):
             return False
         w = self._weights(first.dtype, first.device)
         pieces = multislerp_pieces.InPieces(
-            self.read, self.sources, self.numel, step=self.step, with_base=self.with_base,
+            self.read_into, self.sources, self.numel, step=self.step, with_base=self.with_base,
             eps=self.eps, weights=w,
         )  # fmt: skip
         if pieces.measure():

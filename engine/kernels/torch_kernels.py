@@ -159,7 +159,7 @@ class Kernels:
         read, chunk = self._reader(tensor), self.selection_elements
         merge: MultiSlerp | Karcher | Sce | Fusion
         if tensor.op == "multislerp":
-            merge = MultiSlerp(read, tensor, chunk=chunk)
+            merge = MultiSlerp(read, tensor, chunk=chunk, read_into=self._reader_into(tensor))
         elif tensor.op == "karcher":
             merge = Karcher(read, tensor, chunk=chunk, check_cancel=self.check_cancel)
         elif tensor.op == "sce":
