@@ -116,10 +116,14 @@ class Sce:
     def _prepare(self) -> None:
         """The selection's cut and the models' weights: passes over the whole tensor."""
         if 0 < self.density < 1:
-            nonzero = sum(int(torch.count_nonzero(v)) for v in self._variances())
+            held = self._held() if self.numel <= self.in_memory and self._on_cpu() else None
+            if held is not None:  # |variances| are never -0: a key of 0 is a zero
+                nonzero = int(np.count_nonzero(held))
+            else:
+                nonzero = sum(int(torch.count_nonzero(v)) for v in self._variances())
             k = int(torch.tensor(nonzero) * self.density)
-            if k > 0 and self.numel <= self.in_memory and self._on_cpu():
-                self._kept = self._chosen(k)
+            if k > 0 and held is not None:
+                self._kept = self._chosen(held, k)
             elif k > 0:
                 self._top = top_k(self._variances, k, numel=self.numel, in_memory=self.in_memory)
             else:
@@ -155,9 +159,8 @@ class Sce:
     def _on_cpu(self) -> bool:
         return self.read(self.sources[0], 0, 1).device.type == "cpu"
 
-    def _chosen(self, k: int) -> torch.Tensor:
-        """The entries torch.topk keeps of the variances, as mergekit's selection does (of
-        equal variances at the cut, the very ones): std_select.py, on the whole tensor's."""
+    def _held(self) -> np.ndarray:
+        """The whole tensor's |variances| as torch.topk compares them (std_select.keys)."""
         from engine.kernels import std_select  # numba: loaded for tensors over a chunk
 
         held: np.ndarray | None = None
@@ -169,6 +172,13 @@ class Sce:
             held[at : at + part.size] = part
             at += part.size
         assert held is not None
+        return held
+
+    def _chosen(self, held: np.ndarray, k: int) -> torch.Tensor:
+        """The entries torch.topk keeps of the variances, as mergekit's selection does (of
+        equal variances at the cut, the very ones): std_select.py."""
+        from engine.kernels import std_select
+
         return torch.from_numpy(std_select.top_k_mask(held, k))
 
     def _restart(self) -> None:
