@@ -177,7 +177,7 @@ class Sce:
     def _chosen(self, held: np.ndarray, k: int) -> torch.Tensor:
         """The entries torch.topk keeps of the variances, as mergekit's selection does (of
         equal variances at the cut, the very ones): std_select.py."""
-        from engine.kernels import std_select
+        from engine.kernels import std_select  # numba: loaded for tensors over a chunk
 
         return torch.from_numpy(std_select.top_k_mask(held, k))
 
