@@ -12,8 +12,8 @@ The kernel (sphere_torch.py) holds a tensor whole when each input fits in a chun
 inputs, their unit vectors and tangents: about 4·N times the tensor in float32), else reads it
 five times, a chunk of each input at a time: its norms and dot products summed in torch's order
 (torch_order.py), then the output; where that order is not reproduced (float16, a GPU), twice:
-its Gram matrix, then the output. Weights and
-`normalize_weights` may vary by layer or tensor name, as mergekit's do.
+its Gram matrix, then the output. Weights and `normalize_weights` may vary by layer or tensor
+name, as mergekit's do.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ over the δᵢ of that sign. mergekit 0.1.5's sce has no per-model weights. The 
 stacks of them: about 4·N times the tensor in float32), else reads it a chunk at a time,
 several times (the selection, the weights, the output); it selects from the variances held at
 once for a tensor of up to 8 chunks (the very entries torch.topk keeps: std_select.py), by
-histograms for a larger one. `select_topk` may vary by
-layer or tensor name, as mergekit's does.
+histograms for a larger one. `select_topk` may vary by layer or tensor name, as mergekit's
+does.
 """
 
 from __future__ import annotations
