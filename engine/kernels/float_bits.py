@@ -92,6 +92,26 @@ def _as_float32(value: Any) -> Any:
     return as_is
 
 
+def as_number(value: Any) -> Any:
+    """BF16 bits (a uint16) widened, a float (float32 or float64) as it is."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(as_number, inline="always")
+def _as_number(value: Any) -> Any:
+    if isinstance(value, types.Integer):
+
+        def widen(value: Any) -> Any:
+            return from_bf16(value)
+
+        return widen
+
+    def as_is(value: Any) -> Any:
+        return value
+
+    return as_is
+
+
 @_inline
 def from_f16(bits: Any) -> Any:
     """Exact: normal halves by moving the exponent into float32's range (a multiplication by

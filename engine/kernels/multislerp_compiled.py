@@ -17,33 +17,12 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import overload
 
-from engine.kernels.float_bits import from_bf16, to_bf16
+from engine.kernels.float_bits import as_number, from_bf16, to_bf16
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 _inline = numba.njit(inline="always", cache=True)
-
-
-def _wide(value: Any) -> Any:
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(_wide, inline="always")
-def _wide_overload(value: Any) -> Any:
-    if isinstance(value, types.Integer):  # bfloat16 bits
-
-        def widen(value: Any) -> Any:
-            return from_bf16(value)
-
-        return widen
-
-    def as_is(value: Any) -> Any:
-        return value
-
-    return as_is
 
 
 @_inline
@@ -66,10 +45,10 @@ def _units(
         d, src, dst = divisors[i], xs[i, lo:hi], units[i]
         if with_base:
             for j in range(hi - lo):
-                dst[j] = _r(_r(_wide(src[j]) - _wide(base[j]), narrow) / d, narrow)
+                dst[j] = _r(_r(as_number(src[j]) - as_number(base[j]), narrow) / d, narrow)
         else:
             for j in range(hi - lo):
-                dst[j] = _r(_wide(src[j]) / d, narrow)
+                dst[j] = _r(as_number(src[j]) / d, narrow)
 
 
 @_inline
@@ -116,10 +95,10 @@ def vectors(xs: Array, with_base: bool, narrow: bool, out: Array) -> None:
         src, dst = xs[i], out[i]
         if with_base:
             for j in range(len(dst)):
-                dst[j] = _r(_wide(src[j]) - _wide(base[j]), narrow)
+                dst[j] = _r(as_number(src[j]) - as_number(base[j]), narrow)
         else:
             for j in range(len(dst)):
-                dst[j] = _wide(src[j])
+                dst[j] = as_number(src[j])
 
 
 @_jit
@@ -189,4 +168,4 @@ def outputs(
         if with_base:
             base = xs[xs.shape[0] - 1, lo:hi]
             for j in range(hi - lo):
-                dst[j] = _r(dst[j] + _wide(base[j]), narrow)
+                dst[j] = _r(dst[j] + as_number(base[j]), narrow)

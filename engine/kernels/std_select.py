@@ -22,10 +22,8 @@ from typing import Any
 import numba
 import numpy as np
 import torch
-from numba import types
-from numba.extending import overload
 
-from engine.kernels.float_bits import from_bf16
+from engine.kernels.float_bits import as_number
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True)
@@ -62,28 +60,9 @@ def top_k_mask(held: Array, k: int) -> Array:
     return mask
 
 
-def _key(value: Any) -> Any:
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(_key, inline="always")
-def _key_overload(value: Any) -> Any:
-    if isinstance(value, types.Integer):  # bfloat16 bits
-
-        def widen(value: Any) -> Any:
-            return from_bf16(value)
-
-        return widen
-
-    def as_is(value: Any) -> Any:
-        return value
-
-    return as_is
-
-
 @_inline
 def _larger(a: Any, b: Any) -> Any:
-    x, y = _key(a), _key(b)
+    x, y = as_number(a), as_number(b)
     return (x != x and y == y) or x > y
 
 

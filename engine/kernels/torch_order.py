@@ -65,6 +65,15 @@ class _Rows:
         self.vectors = length // self.vector  # whole vectors in a row
         self.seen = 0
 
+    def add(self, piece: torch.Tensor) -> None:
+        """The next piece of every row: a (rows, count) tensor of the dtype."""
+        self.add_values(self._numpy(piece))
+
+    def add_values(self, x: Array) -> None:
+        """add() of a piece given as a numpy array: bfloat16 bits, or the values as numbers
+        (bfloat16 ones as float32)."""
+        raise NotImplementedError
+
     def _numpy(self, piece: torch.Tensor) -> Array:
         """The piece as compiled code reads it: bfloat16 as its bits (uint16)."""
         if piece.shape != (self.rows, piece.shape[-1]) or piece.dtype != self.dtype:
@@ -107,12 +116,7 @@ class RowNorms(_Rows):
         self.acc = np.zeros((rows, self.lanes), self.acc_dtype)
         self.tails: list[Array] = []
 
-    def add(self, piece: torch.Tensor) -> None:
-        self.add_values(self._numpy(piece))
-
     def add_values(self, x: Array) -> None:
-        """add() of a piece given as a numpy array: bfloat16 bits, or the values as numbers
-        (bfloat16 ones as float32)."""
         start, last = self._advance(x.shape[1])
         whole = self.vectors * self.vector - start if last else x.shape[1]
         if self.narrow:
@@ -150,12 +154,7 @@ class RowSums(_Rows):
         self.acc = np.zeros((rows, LEVELS, ILP, self.lanes), self.acc_dtype)
         self.rest: list[Array] = []
 
-    def add(self, piece: torch.Tensor) -> None:
-        self.add_values(self._numpy(piece))
-
     def add_values(self, x: Array) -> None:
-        """add() of a piece given as a numpy array: bfloat16 bits, or the values as numbers
-        (bfloat16 ones as float32)."""
         start, last = self._advance(x.shape[1])
         step = ILP * self.vector
         count = self.steps - start // step if last else x.shape[1] // step
