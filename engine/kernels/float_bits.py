@@ -72,24 +72,10 @@ def from_bf16(bits: Any) -> Any:
     return _u32(_u32(bits) << _u32(16)).view(np.float32)
 
 
+@_inline
 def as_float32(value: Any) -> Any:
     """BF16 bits (a uint16) widened, a float as float32: one kernel serves both dtypes."""
-    raise NotImplementedError  # only called from compiled code
-
-
-@overload(as_float32, inline="always")
-def _as_float32(value: Any) -> Any:
-    if isinstance(value, types.Integer):
-
-        def widen(value: Any) -> Any:
-            return from_bf16(value)
-
-        return widen
-
-    def as_is(value: Any) -> Any:
-        return np.float32(value)
-
-    return as_is
+    return np.float32(as_number(value))
 
 
 def as_number(value: Any) -> Any:
