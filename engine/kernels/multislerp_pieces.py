@@ -23,11 +23,6 @@ from engine.kernels.torch_order import Array
 ReadInto = Callable[[int, int, torch.Tensor], object]  # (source, start, out): out filled
 
 
-def reproduced(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a tensor of this arithmetic dtype and device is merged here."""
-    return torch_order.exact_here(dtype, device)
-
-
 class InPieces:
     """One tensor: sources are the models, then the base where `with_base`; `weights` as
     merge_whole takes them (normalised already, in the arithmetic dtype)."""

@@ -115,8 +115,10 @@ class Sce:
 
     def _prepare(self) -> None:
         """The selection's cut and the models' weights: passes over the whole tensor."""
+        probe = self.read(self.sources[0], 0, 1)  # the inputs' dtype and device
         if 0 < self.density < 1:
-            held = self._held() if self.numel <= self.in_memory and self._on_cpu() else None
+            on_cpu = probe.device.type == "cpu"
+            held = self._held() if self.numel <= self.in_memory and on_cpu else None
             if held is not None:  # |variances| are never -0: a key of 0 is a zero
                 nonzero = int(np.count_nonzero(held))
             else:
@@ -131,17 +133,16 @@ class Sce:
         elif self.density <= 0:
             self._nothing_kept = True
         self._restart()
-        self._weights = _weights(self._mean_squares())
+        self._weights = _weights(self._mean_squares(probe))
         self._restart()
 
-    def _mean_squares(self) -> torch.Tensor:
+    def _mean_squares(self, probe: torch.Tensor) -> torch.Tensor:
         """mean(δᵢ²) of each model's kept deltas: summed in torch's order (torch_order.py),
         so equal to mergekit's, where it is reproduced (two or more models, on the CPU), else
         in float64."""
         from engine.kernels import torch_order  # numba: loaded for tensors over a chunk
 
         models = len(self.sources) - 1
-        probe = self.read(self.sources[0], 0, 1)
         if models > 1 and torch_order.exact_here(probe.dtype, probe.device):
             sums = torch_order.RowSums(models, self.numel, probe.dtype)
             step = max(torch_order.ALIGN, self.step // torch_order.ALIGN * torch_order.ALIGN)
@@ -155,9 +156,6 @@ class Sce:
                 self._masked(self._deltas(start, count)[1], start).double().square_().sum(1)
             )
         return (squares / self.numel).to(probe.dtype)
-
-    def _on_cpu(self) -> bool:
-        return self.read(self.sources[0], 0, 1).device.type == "cpu"
 
     def _held(self) -> np.ndarray:
         """The whole tensor's |variances| as torch.topk compares them (std_select.keys)."""

@@ -211,10 +211,10 @@ class MultiSlerp(Spherical):
         """merge_whole's statistics of the whole tensor, a piece at a time in torch's order
         (multislerp_pieces.py); the weights alone where the directions cancel; False where
         torch's order is not reproduced."""
-        from engine.kernels import multislerp_pieces  # numba: loaded for tensors over a chunk
+        from engine.kernels import multislerp_pieces, torch_order  # numba: for tensors over a chunk
 
         first = self.read(self.sources[0], 0, 1)
-        if not multislerp_pieces.reproduced(first.dtype, first.device):
+        if not torch_order.exact_here(first.dtype, first.device):
             return False
         w = self._weights(first.dtype, first.device)
         pieces = multislerp_pieces.InPieces(

@@ -15,13 +15,21 @@ classes add in torch's own order, carried from piece to piece:
   first accumulator, the four added, and the sum of the elements past the last vector plus
   each lane in turn (a row shorter than a vector: four scalar accumulators, in turn).
 
-W is the width of torch's vectors on this CPU: 8 float32 lanes with AVX2, 16 with AVX-512
-(float64: half that). Each output row is reduced by one thread in that order whatever torch's
-thread count. A piece must start at a multiple of `ALIGN` elements of its row.
+Two things depend on how the installed torch was built for this CPU, so they are measured, not
+assumed (`order_here`): W, the lanes of its vectors (8 float32 lanes on an AVX2 build, 16 if
+the kernel runs at AVX-512; float64 half that), and whether the norm's elements past the last
+vector are added plainly (x² rounded, then added) or, as a compiler may emit the loop, in
+fours plainly and the rest by a fused multiply-add. A few rows are reduced both ways at first
+use; where no candidate equals torch on all of them, nothing is reproduced (`exact_here` is
+False) and callers take their own path. Each output row is reduced by one thread in that order
+whatever torch's thread count. A piece must start at a multiple of `ALIGN` elements of its row.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numba
@@ -29,38 +37,80 @@ import numpy as np
 import torch
 
 from engine.kernels.float_bits import as_float32
+from engine.kernels.row_cascade import LEVELS, ceil_log2
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True)
-LEVELS = 4  # the cascade's accumulator levels
 ILP = 4  # vectors the cascade adds side by side
 ALIGN = 512  # a multiple of every ILP step: 4 vectors of 32 bfloat16 (AVX-512)
 SUPPORTED = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def float32_lanes() -> int:
-    """The float32 lanes of torch's vectors on this CPU."""
-    return 16 if "AVX512" in torch.backends.cpu.get_cpu_capability() else 8
+@dataclass(frozen=True)
+class Order:
+    """How torch's CPU kernels add, for one accumulator dtype."""
+
+    lanes: int  # lanes of a vector of the accumulator's dtype
+    fused_tail: bool  # the norm's elements past the last vector: in fours x² + s, the rest fma
 
 
 def exact_here(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the reductions of `dtype` tensors on `device` are reproduced here: torch's CPU
-    kernels on x86 (AVX2 or AVX-512); float16's norm takes another path, not reproduced."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    return device.type == "cpu" and dtype in SUPPORTED and capability in ("AVX2", "AVX512")
+    kernels, where their order is one of those known (order_here); float16's norm takes
+    another path, not reproduced."""
+    return device.type == "cpu" and dtype in SUPPORTED and order_here(dtype) is not None
+
+
+def order_here(dtype: torch.dtype) -> Order | None:
+    """The order torch adds `dtype` in on this machine, or None where it is none of those
+    known. bfloat16 is added in float32 and shares float32's order."""
+    return _measured(torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+@functools.cache
+def _measured(dtype: torch.dtype) -> Order | None:
+    dtypes = [dtype] if dtype == torch.float64 else [dtype, torch.bfloat16]
+    return next((o for o in candidates(dtype) if all(agrees(o, d) for d in dtypes)), None)
+
+
+def candidates(dtype: torch.dtype) -> list[Order]:
+    """The orders known for an accumulator dtype: AVX2's lanes or AVX-512's, either tail."""
+    lanes = 4 if dtype == torch.float64 else 8
+    return [Order(w, fused) for w in (lanes, 2 * lanes) for fused in (False, True)]
+
+
+def agrees(order: Order, dtype: torch.dtype) -> bool:
+    """Whether norms and sums in `order` equal torch's on rows of every kind of tail and
+    cascade step up to a few carries."""
+    generator = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-3, 3, 3, dtype=torch.float64).view(-1, 1)
+    for length in (1, 2, 3, 4, 5, 7, 9, 12, 15, 17, 31, 33, 63, 100, 257, 700, 2100, 9000):
+        rows = (torch.randn(3, length, dtype=torch.float64, generator=generator) * scale).to(dtype)
+        norms, sums = RowNorms(3, length, dtype, order), RowSums(3, length, dtype, order)
+        norms.add(rows)
+        sums.add(rows)
+        if not (torch.equal(norms.result(), torch.norm(rows, dim=-1))
+                and torch.equal(sums.result(), rows.sum(-1))):  # fmt: skip
+            return False
+    return True
 
 
 class _Rows:
-    """A reduction of `rows` rows of `length` elements of `dtype`, fed pieces in order."""
+    """A reduction of `rows` rows of `length` elements of `dtype`, fed pieces in order; in
+    `order`, or the one measured here."""
 
-    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, rows: int, length: int, dtype: torch.dtype, order: Order | None = None
+    ) -> None:
         if dtype not in SUPPORTED:
             raise ValueError(f"{dtype} reductions are not reproduced")
-        self.rows, self.length, self.dtype = rows, length, dtype
+        order = order or order_here(dtype)
+        if order is None:
+            raise ValueError(f"torch's order of {dtype} reductions is not reproduced on this CPU")
+        self.rows, self.length, self.dtype, self.order = rows, length, dtype, order
         self.narrow = dtype == torch.bfloat16
         self.acc_dtype = np.float64 if dtype == torch.float64 else np.float32
-        lanes = float32_lanes()
-        self.lanes = lanes // 2 if dtype == torch.float64 else lanes
+        self.lanes = order.lanes
         self.vector = 2 * self.lanes if self.narrow else self.lanes  # elements per load
         self.vectors = length // self.vector  # whole vectors in a row
         self.seen = 0
@@ -111,8 +161,10 @@ class _Rows:
 class RowNorms(_Rows):
     """torch.norm(x, dim=-1) of a (rows, length) tensor in float32, float64 or bfloat16."""
 
-    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
-        super().__init__(rows, length, dtype)
+    def __init__(
+        self, rows: int, length: int, dtype: torch.dtype, order: Order | None = None
+    ) -> None:
+        super().__init__(rows, length, dtype, order)
         self.acc = np.zeros((rows, self.lanes), self.acc_dtype)
         self.tails: list[Array] = []
 
@@ -134,8 +186,10 @@ class RowNorms(_Rows):
             total = self.acc[r, 0]
             for lane in self.acc[r, 1:]:
                 total = total + lane
-            for value in self.tails[r] if self.tails else ():
-                total = total + value * value
+            tail = self.tails[r] if self.tails else ()
+            plain = len(tail) // 4 * 4 if self.order.fused_tail else len(tail)
+            for i, value in enumerate(tail):
+                total = total + value * value if i < plain else _fused(value, total)
             out[r] = np.sqrt(total)
         return self._rounded(out)
 
@@ -145,12 +199,14 @@ class RowSums(_Rows):
     float32, the sum rounded once), rows ≥ 2: torch splits the sum of a single row between
     its threads, each thread's part in this order, so its bits depend on their count."""
 
-    def __init__(self, rows: int, length: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, rows: int, length: int, dtype: torch.dtype, order: Order | None = None
+    ) -> None:
         if rows < 2:
             raise ValueError("a single row's sum is split between torch's threads")
-        super().__init__(rows, length, dtype)
+        super().__init__(rows, length, dtype, order)
         self.steps = self.vectors // ILP  # the cascade's steps of ILP vectors
-        self.power = max(4, _ceil_log2(self.steps) // LEVELS)
+        self.power = max(4, ceil_log2(self.steps) // LEVELS)
         self.acc = np.zeros((rows, LEVELS, ILP, self.lanes), self.acc_dtype)
         self.rest: list[Array] = []
 
@@ -266,6 +322,12 @@ def _scalar_sum(values: Array) -> Any:
     return acc[0] + acc[1] + acc[2] + acc[3]
 
 
-def _ceil_log2(value: int) -> int:
-    """ATen's CeilLog2: 1 up to 2, else ⌈log2(value)⌉."""
-    return 1 if value <= 2 else (value - 1).bit_length()
+def _fused(x: Any, total: Any) -> Any:
+    """x·x + total rounded once to total's dtype, as a fused multiply-add gives it."""
+    dtype = type(total)
+    exact = Fraction(float(x)) ** 2 + Fraction(float(total))
+    near = dtype(float(exact))  # float64: rounded once; float32: perhaps twice, so checked
+    if dtype is np.float64 or not np.isfinite(near):
+        return near
+    around = (np.nextafter(near, dtype(-np.inf)), near, np.nextafter(near, dtype(np.inf)))
+    return min(around, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))

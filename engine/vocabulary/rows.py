@@ -24,9 +24,9 @@ import numpy.typing as npt
 
 from engine.io.checkpoint import Checkpoint
 from engine.kernels.linear import narrow
+from engine.kernels.row_cascade import RowSum
 from engine.kernels.tensor_io import row_length
 from engine.plan.model import MEAN
-from engine.vocabulary.cascade import RowSum
 from engine.vocabulary.fills import ZERO, FilledVocabulary
 
 Ints = npt.NDArray[np.int64]

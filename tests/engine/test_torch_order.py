@@ -86,3 +86,13 @@ def test_a_result_before_every_element_is_added_is_refused() -> None:
     norms.add(torch.ones(2, torch_order.ALIGN))
     with pytest.raises(ValueError, match="of 1024 elements were added"):
         norms.result()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_measured_order_is_the_one_candidate_torch_agrees_with(dtype: torch.dtype) -> None:
+    """The lanes and the norm's tail are measured at first use: of the candidates, torch here
+    agrees with one alone, so the measurement tells them apart."""
+    order = torch_order.order_here(dtype)
+    assert order is not None
+    candidates = torch_order.candidates(dtype)
+    assert [o for o in candidates if torch_order.agrees(o, dtype)] == [order]

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from engine.errors import RecipeError
+from engine.kernels.row_cascade import RowSum
 from engine.mergekit import translate
 from engine.recipe import parse_recipe
-from engine.vocabulary.cascade import RowSum
 from tests.engine.mergekit_parity import run_mergekit
 from tests.engine.test_mergekit_outputs import assert_same_files, assert_same_tensors, merge_both
 from tests.engine.vocabularies import ChatFamily, make_chat_family

@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-LEVELS = 4
+LEVELS = 4  # the cascade's accumulator levels (also of torch_order's sums over a row)
 
 
 class RowSum:
     """The sum of `count` rows of `width` elements in `dtype`, fed in order by add()."""
 
     def __init__(self, count: int, width: int, dtype: Any) -> None:
-        self.power = max(4, _ceil_log2(count) // LEVELS)
+        self.power = max(4, ceil_log2(count) // LEVELS)
         self.mask = (1 << self.power) - 1
         self.levels = [np.zeros(width, dtype) for _ in range(LEVELS)]
         self.seen = 0
@@ -59,6 +59,6 @@ class RowSum:
         return total
 
 
-def _ceil_log2(value: int) -> int:
-    """ATen's CeilLog2: 1 up to 2, else ceil(log2(value))."""
+def ceil_log2(value: int) -> int:
+    """ATen's CeilLog2: 1 up to 2, else ⌈log2(value)⌉."""
     return 1 if value <= 2 else (value - 1).bit_length()
