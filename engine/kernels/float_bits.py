@@ -47,7 +47,7 @@ def _skip_blas_probe() -> None:
 
 _skip_blas_probe()
 _u32 = np.uint32
-_inline = numba.njit(inline="always", cache=True)
+_helper = numba.njit(cache=True)  # called by the kernels; LLVM inlines it there
 
 BF16_NAN = 0x7FC0
 
@@ -66,13 +66,13 @@ def _fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
 fma = cast(Callable[[Any, Any, Any], Any], _fma)  # as compiled code calls it
 
 
-@_inline
+@_helper
 def from_bf16(bits: Any) -> Any:
     """BF16 is the upper half of a float32."""
     return _u32(_u32(bits) << _u32(16)).view(np.float32)
 
 
-@_inline
+@_helper
 def as_float32(value: Any) -> Any:
     """BF16 bits (a uint16) widened, a float as float32: one kernel serves both dtypes."""
     return np.float32(as_number(value))
@@ -98,7 +98,7 @@ def _as_number(value: Any) -> Any:
     return as_is
 
 
-@_inline
+@_helper
 def from_f16(bits: Any) -> Any:
     """Exact: normal halves by moving the exponent into float32's range (a multiplication by
     2^-112 rebiases it, and keeps infinities and NaNs), subnormals by subtracting 0.5 from a
@@ -116,7 +116,7 @@ def from_f16(bits: Any) -> Any:
     return _u32(sign | _u32(magnitude)).view(np.float32)
 
 
-@_inline
+@_helper
 def to_bf16(value: Any) -> Any:
     bits = np.float32(value).view(np.uint32)
     half = _u32(_u32((bits >> _u32(16)) & _u32(1)) + _u32(0x7FFF))  # ties to even
@@ -145,7 +145,7 @@ def _store(out: Any, j: Any, value: Any) -> Any:
     return as_is
 
 
-@_inline
+@_helper
 def to_f16(value: Any) -> Any:
     """Normal results: rebias, round at bit 13 to nearest-even, shift. Subnormal ones: adding
     0.5 puts the float32's last bit at 2^-24, the half's subnormal step, so the addition

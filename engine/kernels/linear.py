@@ -52,7 +52,7 @@ _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
 
 Array = npt.NDArray[Any]
 _jit = numba.njit(nogil=True, cache=True)
-_inline = numba.njit(inline="always", cache=True)
+_helper = numba.njit(cache=True)  # called by the kernels; LLVM inlines it there
 
 
 def handles(plan: Plan, device: str) -> bool:
@@ -88,7 +88,7 @@ def _accumulator(widen: Any) -> Any:
     stored dtype, so that reading, widening and adding are one loop (measured 1.8x faster
     than widening into a buffer first)."""
 
-    @_inline
+    @_helper
     def accumulate(values: Array, start: int, width: int, c: Any, mode: int, total: Array) -> None:
         values = values[start : start + width]  # indexed from 0: the loops vectorise
         if mode == _COPY:
@@ -107,7 +107,7 @@ def _accumulator(widen: Any) -> Any:
     return accumulate
 
 
-@_inline
+@_helper
 def _as_float32(value: Any) -> Any:
     return np.float32(value)
 
@@ -117,7 +117,7 @@ _accumulate_f16 = _accumulator(from_f16)
 _accumulate_f32 = _accumulator(_as_float32)
 
 
-@_inline
+@_helper
 def _narrow(total: Array, kind: int, start: int, width: int, out: Array) -> None:
     """total[:width] rounded to the output dtype, into its bytes at element `start`."""
     if kind == 2:
@@ -141,7 +141,7 @@ def _pair(widen: Any, narrow: Any) -> Any:
     exact), without a pass over a float32 block per step: a BF16 mean took 0.66 ns per
     element in the blocks on an AVX-512 Xeon, 0.24 here (bench/cpu_paths.py)."""
 
-    @_inline
+    @_helper
     def pair(a: Array, b: Array, ca: Any, cb: Any, fused: bool, divisor: Any, out: Array) -> None:
         zero = np.float32(0.0)
         if fused:

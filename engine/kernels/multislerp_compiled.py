@@ -22,10 +22,10 @@ from engine.kernels.float_bits import as_number, from_bf16, to_bf16
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
-_inline = numba.njit(inline="always", cache=True)
+_helper = numba.njit(cache=True)  # called by the kernels; LLVM inlines it there
 
 
-@_inline
+@_helper
 def _r(value: Any, narrow: bool) -> Any:
     """value rounded to the arithmetic's dtype (bfloat16 where narrow)."""
     return from_bf16(to_bf16(value)) if narrow else value
@@ -34,7 +34,7 @@ def _r(value: Any, narrow: bool) -> Any:
 BLOCK = 2048  # entries whose steps are taken together, in scratch rows that stay in cache
 
 
-@_inline
+@_helper
 def _units(
     xs: Array, lo: int, hi: int, with_base: bool, divisors: Array, narrow: bool, units: Array
 ) -> None:
@@ -51,7 +51,7 @@ def _units(
                 dst[j] = _r(as_number(src[j]) / d, narrow)
 
 
-@_inline
+@_helper
 def _mean(
     units: Array, n: int, w: Array, narrow: bool, zero: Any, mean_norm: Any, out: Array
 ) -> None:
@@ -70,7 +70,7 @@ def _mean(
             out[j] = _r(out[j] / mean_norm, narrow)
 
 
-@_inline
+@_helper
 def _tangent(
     units: Array, n: int, mean: Array, dots: Array, w: Array, narrow: bool, zero: Any,
     out: Array,

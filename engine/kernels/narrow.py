@@ -19,30 +19,30 @@ import numpy as np
 from engine.kernels.float_bits import from_bf16, from_f16, to_bf16, to_f16
 
 Array = Any  # a numpy array, as compiled code takes it
-_inline = numba.njit(inline="always", cache=True)
+_helper = numba.njit(cache=True)  # called by the kernels; LLVM inlines it there
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 # How a term's delta is trimmed: not at all, by a threshold with a quota of tied entries kept
 # in flat order (top_k.TopK), or by a mask (narrow_torch.sorted_mask).
 UNTRIMMED, THRESHOLD, MASK = 0, 1, 2
 
 
-@_inline
+@_helper
 def _widen(bits: Any, f16: bool) -> Any:
     return from_f16(bits) if f16 else from_bf16(bits)
 
 
-@_inline
+@_helper
 def _narrow(value: Any, f16: bool) -> Any:
     return to_f16(value) if f16 else to_bf16(value)
 
 
-@_inline
+@_helper
 def _rounded(value: Any, f16: bool) -> Any:
     """float32 `value` rounded to the narrow dtype, as a float32."""
     return _widen(_narrow(value, f16), f16)
 
 
-@_inline
+@_helper
 def _weighted_row(base: Array, row: Array, weight: Any, f16: bool, out: Array) -> None:
     """out[q] = the rounded delta of `row` at q, weighted and rounded (arrays of one length)."""
     for q in range(len(out)):
@@ -50,7 +50,7 @@ def _weighted_row(base: Array, row: Array, weight: Any, f16: bool, out: Array) -
         out[q] = _rounded(delta * weight, f16)
 
 
-@_inline
+@_helper
 def _trimmed_row(
     base: Array, row: Array, weight: Any, threshold: Any, quota: int, mask: Array, mode: int,
     f16: bool, out: Array,

@@ -38,18 +38,18 @@ def stream_key(seed: int, tensor: str, term: int) -> tuple[int, int]:
     return key & 0xFFFFFFFF, key >> 32
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def _round(c0: Any, c1: Any, c2: Any, c3: Any, k0: Any, k1: Any) -> Any:
     p0, p1 = _M0 * c0, _M1 * c2
     return (p1 >> _32) ^ c1 ^ k0, p1 & _LOW, (p0 >> _32) ^ c3 ^ k1, p0 & _LOW
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def _bump(k0: Any, k1: Any) -> Any:
     return (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def philox(c0: Any, c1: Any, c2: Any, c3: Any, k0: Any, k1: Any) -> Any:
     """Philox4x32-10 of counter (c0, c1, c2, c3) under key (k0, k1), all 32-bit values held in
     uint64 (the product of two fits). The rounds are written out: a loop over blocks of them
@@ -75,7 +75,7 @@ def philox(c0: Any, c1: Any, c2: Any, c3: Any, k0: Any, k1: Any) -> Any:
     return _round(c0, c1, c2, c3, k0, k1)
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def _block(block: Any, k0: Any, k1: Any) -> Any:
     counter = np.uint64(block)
     return philox(counter & _LOW, counter >> _32, np.uint64(0), np.uint64(0), k0, k1)

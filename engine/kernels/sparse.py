@@ -57,7 +57,7 @@ def handles(plan: Plan, device: str) -> bool:
 
 
 # -- sums and the combination ------------------------------------------------------------------
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def _count(bins: Any, magnitude: Any) -> None:
     bits = np.float32(magnitude).view(np.uint32)
     exponent, fraction = bits >> np.uint32(23), bits & np.uint32(0x7FFFFF)
@@ -83,7 +83,7 @@ def _l1_bins(model: Array, base: Array, mask: Array, bins: Array, lo: int, hi: i
         _count(bins[1, lane], abs(np.float32(delta * np.float32(mask[j]))))
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def _agreeing(
     weighted: Array, weights: Array, total: Array, mixed: Array, agreeing: Array, width: int
 ) -> None:

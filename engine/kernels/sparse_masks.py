@@ -43,7 +43,7 @@ def breadcrumb_ranks(numel: int, density: float, gamma: float) -> tuple[int, int
     return bottom, bottom + target
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)
 def abs_delta_bits(model: Any, base: Any) -> Any:
     """|model − base| in float32, as its bit pattern (ordered like the value)."""
     delta = np.float32(as_float32(model) - as_float32(base))

@@ -27,7 +27,7 @@ from engine.kernels.float_bits import as_number
 
 Array = Any  # a numpy array, as compiled code takes it
 _jit = numba.njit(nogil=True, cache=True)
-_inline = numba.njit(inline="always", cache=True)
+_helper = numba.njit(cache=True)  # called by the kernels; LLVM inlines it there
 HEAP_BELOW = 64  # k·64 ≤ n: the heap of k entries
 
 
@@ -60,19 +60,19 @@ def top_k_mask(held: Array, k: int) -> Array:
     return mask
 
 
-@_inline
+@_helper
 def _larger(a: Any, b: Any) -> Any:
     x, y = as_number(a), as_number(b)
     return (x != x and y == y) or x > y
 
 
-@_inline
+@_helper
 def _swap(vals: Array, idx: Array, a: int, b: int) -> None:
     vals[a], vals[b] = vals[b], vals[a]
     idx[a], idx[b] = idx[b], idx[a]
 
 
-@_inline
+@_helper
 def _push_heap(
     vals: Array, idx: Array, first: int, hole: int, top: int, value: Any, index: Any
 ) -> None:
@@ -86,7 +86,7 @@ def _push_heap(
     idx[first + hole] = index
 
 
-@_inline
+@_helper
 def _adjust_heap(
     vals: Array, idx: Array, first: int, hole: int, length: int, value: Any, index: Any
 ) -> None:
@@ -107,7 +107,7 @@ def _adjust_heap(
     _push_heap(vals, idx, first, hole, top, value, index)
 
 
-@_inline
+@_helper
 def _make_heap(vals: Array, idx: Array, first: int, last: int) -> None:
     length = last - first
     if length < 2:
@@ -131,7 +131,7 @@ def _stream_heap(vals: Array, idx: Array, flat: Array) -> None:
             _adjust_heap(vals, idx, 0, 0, k, value, i)
 
 
-@_inline
+@_helper
 def _median_to_first(vals: Array, idx: Array, result: int, a: int, b: int, c: int) -> None:
     if _larger(vals[a], vals[b]):
         if _larger(vals[b], vals[c]):
@@ -148,7 +148,7 @@ def _median_to_first(vals: Array, idx: Array, result: int, a: int, b: int, c: in
         _swap(vals, idx, result, b)
 
 
-@_inline
+@_helper
 def _partition(vals: Array, idx: Array, first: int, last: int, pivot: int) -> int:
     while True:
         while _larger(vals[first], vals[pivot]):
@@ -162,7 +162,7 @@ def _partition(vals: Array, idx: Array, first: int, last: int, pivot: int) -> in
         first += 1
 
 
-@_inline
+@_helper
 def _insertion_sort(vals: Array, idx: Array, first: int, last: int) -> None:
     for i in range(first + 1, last):
         value, index = vals[i], idx[i]
