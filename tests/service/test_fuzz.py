@@ -1,12 +1,13 @@
 """Schema-driven fuzzing of every operation in the OpenAPI spec (schemathesis, in process).
 
-The real app on SQLite and on PostgreSQL with the real in-process executor and example
+The real app on SQLite and on PostgreSQL, each with the real in-process executor and example
 checkpoints under an allowed root: whatever the generated request, the answer is never a 5xx,
 and every error is JSON of the one shape `{"error": {"code", "message", "details"}}`.
 
-Positive and negative cases for every operation, derandomized so a failure reproduces. (The
-schemathesis pytest plugin's lazy `from_fixture` does not work with this pytest, so the
-Hypothesis tests are built per operation here.)
+Positive and negative cases for every operation, derandomized so a failure reproduces. Each
+case is generated once (most of the time goes there) and sent to both apps. (The schemathesis
+pytest plugin's lazy `from_fixture` does not work with this pytest, so the Hypothesis tests are
+built per operation here.)
 """
 
 from __future__ import annotations
@@ -30,28 +31,36 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 from core.db.migrate import upgrade
 from layerswap.app import build_app
 from tests.helpers import wait_for
-from tests.service.conftest import make_settings
+from tests.service.conftest import make_settings, postgres_database
 
 MAX_EXAMPLES = 20
 
 
 @pytest.fixture
-def api_schema(tmp_path: Path, database_url: str, examples: Path) -> Iterator[OpenApiSchema]:
-    service_settings = make_settings(tmp_path, database_url)
-    for name in ("base", "math", "swh"):
-        shutil.copytree(examples / name, service_settings.source_roots[0] / name)
-        # where the spec's documented example request looks for them
-        shutil.copytree(examples / name, service_settings.source_roots[0] / "examples" / name)
-    upgrade(database_url)
-    app = build_app(service_settings)
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan
-    try:
-        yield schema
-        # Let the executor finish the jobs the fuzzing queued before the store goes away.
-        executor = app.state.context.executor
-        wait_for(executor.idle, "the fuzzed jobs to finish", 120, interval=0.05)
-    finally:
-        shutdown_lifespans()  # stops the executor and disposes of the engine
+def api_schemas(tmp_path: Path, examples: Path) -> Iterator[list[OpenApiSchema]]:
+    """The app's schema on SQLite, then on PostgreSQL, each app started."""
+    with postgres_database() as postgres_url:
+        urls = {"sqlite": f"sqlite:///{tmp_path / 'layerswap.db'}", "postgres": postgres_url}
+        apps = []
+        try:
+            schemas = []
+            for name, url in urls.items():
+                service_settings = make_settings(tmp_path / name, url)
+                for model in ("base", "math", "swh"):
+                    roots = (Path(), Path("examples"))  # and where the spec's example looks
+                    for root in roots:
+                        target = service_settings.source_roots[0] / root / model
+                        shutil.copytree(examples / model, target)
+                upgrade(url)
+                apps.append(build_app(service_settings))
+                schemas.append(schemathesis.openapi.from_asgi("/openapi.json", apps[-1]))
+            yield schemas
+            # Let the executors finish the jobs the fuzzing queued before the stores go away.
+            for app in apps:
+                executor = app.state.context.executor
+                wait_for(executor.idle, "the fuzzed jobs to finish", 120, interval=0.05)
+        finally:
+            shutdown_lifespans()  # stops the executors and disposes of the engines
 
 
 def error_is_json_shape(ctx: Any, response: Any, case: Any) -> bool | None:
@@ -74,13 +83,27 @@ def error_is_json_shape(ctx: Any, response: Any, case: Any) -> bool | None:
     return True
 
 
-def test_no_server_errors_and_one_error_shape(api_schema: OpenApiSchema) -> None:
-    operations = []
-    for result in api_schema.get_all_operations():
+def _operations(schema: OpenApiSchema) -> dict[str, Any]:
+    operations = {}
+    for result in schema.get_all_operations():
         assert isinstance(result, Ok), result.err()  # an operation the spec describes badly
-        operations.append(result.ok())
-    labels = {operation.label for operation in operations}
-    assert {"POST /v1/merges", "GET /v1/merges", "POST /v1/analyses"} <= labels, labels
+        operations[result.ok().label] = result.ok()
+    return operations
+
+
+def _twin(case: Any, operation: Any) -> Any:
+    """The same request as `case`, for `operation` of the other app."""
+    return operation.Case(
+        method=case.method, path_parameters=case.path_parameters, headers=case.headers,
+        cookies=case.cookies, query=case.query, body=case.body, media_type=case.media_type,
+        multipart_content_types=case.multipart_content_types,
+    )  # fmt: skip
+
+
+def test_no_server_errors_and_one_error_shape(api_schemas: list[OpenApiSchema]) -> None:
+    sqlite, postgres = (_operations(schema) for schema in api_schemas)
+    assert {"POST /v1/merges", "GET /v1/merges", "POST /v1/analyses"} <= set(sqlite), sqlite
+    assert set(sqlite) == set(postgres)
 
     statuses: Counter[int] = Counter()
 
@@ -88,8 +111,18 @@ def test_no_server_errors_and_one_error_shape(api_schema: OpenApiSchema) -> None
         statuses[response.status_code] += 1
         return error_is_json_shape(ctx, response, case)
 
+    def check(case: Any) -> None:
+        for database, operations in (("SQLite", sqlite), ("PostgreSQL", postgres)):
+            try:
+                _twin(case, operations[case.operation.label]).call_and_validate(
+                    checks=[not_a_server_error, error_shape]
+                )
+            except (Exception, BaseExceptionGroup) as e:
+                e.add_note(f"on {database}")
+                raise
+
     failures: list[str] = []
-    for operation in operations:
+    for operation in sqlite.values():
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @given(case=operation.as_strategy(generation_mode=mode))
@@ -101,7 +134,7 @@ def test_no_server_errors_and_one_error_shape(api_schema: OpenApiSchema) -> None
                 database=None,
             )
             def fuzz(case: Any) -> None:
-                case.call_and_validate(checks=[not_a_server_error, error_shape])
+                check(case)
 
             try:
                 fuzz()
@@ -111,11 +144,10 @@ def test_no_server_errors_and_one_error_shape(api_schema: OpenApiSchema) -> None
                 failures.append(f"{operation.label} ({mode.value}): {e}")
     # Random paths name no checkpoint (422 source_not_found), so a 202 is reached through the
     # spec's own documented example request, checked like every fuzzed case.
-    submit = next(o for o in operations if o.label == "POST /v1/merges")
-    content = api_schema.raw_schema["paths"]["/v1/merges"]["post"]["requestBody"]["content"]
+    submit = sqlite["POST /v1/merges"]
+    content = api_schemas[0].raw_schema["paths"]["/v1/merges"]["post"]["requestBody"]["content"]
     for example in content["application/json"]["examples"].values():
-        case = submit.Case(body=example["value"], media_type="application/json")
-        case.call_and_validate(checks=[not_a_server_error, error_shape])
+        check(submit.Case(body=example["value"], media_type="application/json"))
     assert not failures, "\n\n".join(failures)
     # The run reached the handlers, valid and invalid requests alike.
     assert statuses[200] and statuses[202] and statuses[404] and statuses[422], statuses
