@@ -30,25 +30,27 @@ else
     echo "== no Docker engine: tests/docker will be skipped"
 fi
 # One command per line: under `set -e` a failure inside an `a && b` list would not stop the script.
-echo "== ruff"
+# Each step says when it started (seconds since this script did): where CI's time goes.
+step() { echo "== $1 (at ${SECONDS} s)"; }
+step "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy"
+step "mypy"
 .venv/bin/mypy
-echo "== import-linter (pyproject.toml: the direction of dependency, no cycles)"
+step "import-linter (pyproject.toml: the direction of dependency, no cycles)"
 .venv/bin/lint-imports
-echo "== code shape (scripts/check_code.py: function lengths, deferred imports)"
+step "code shape (scripts/check_code.py: function lengths, deferred imports)"
 .venv/bin/python scripts/check_code.py
-echo "== docs"
+step "docs"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
-echo "== waiting for the set-up in the background (bytecode, MLflow, mergekit, Docker images)"
+step "waiting for the set-up in the background (bytecode, MLflow, mergekit, Docker images)"
 for setup in "${setups[@]}"; do
     wait "$setup"
 done
 if [[ -n "$images" ]] && ! wait "$images"; then
     echo "== the Docker images did not build (build/docker-images.log): tests/docker will say why"
 fi
-echo "== pytest"
+step "pytest"
 # The console tests save a screenshot of each page here (a test artifact CI can keep).
 export CONSOLE_SCREENSHOTS="${CONSOLE_SCREENSHOTS:-$ROOT/build/screenshots}"
 # Several workers (pytest-xdist), twice the cores: many tests spend their time waiting on
