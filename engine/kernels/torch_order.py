@@ -16,13 +16,15 @@ classes add in torch's own order, carried from piece to piece:
   each lane in turn (a row shorter than a vector: four scalar accumulators, in turn).
 
 Two things depend on how the installed torch was built for this CPU, so they are measured, not
-assumed (`order_here`): W, the lanes of its vectors (8 float32 lanes on an AVX2 build, 16 if
-the kernel runs at AVX-512; float64 half that), and whether the norm's elements past the last
-vector are added plainly (x² rounded, then added) or, as a compiler may emit the loop, in
-fours plainly and the rest by a fused multiply-add. A few rows are reduced both ways at first
-use; where no candidate equals torch on all of them, nothing is reproduced (`exact_here` is
-False) and callers take their own path. Each output row is reduced by one thread in that order
-whatever torch's thread count. A piece must start at a multiple of `ALIGN` elements of its row.
+assumed (`order_here`): W, the lanes of its vectors (8 float32 lanes where the kernel runs at
+AVX2's width, as torch 2.13's reductions do on AVX2 and AVX-512 CPUs alike; 16 where one runs
+at AVX-512's; float64 half that), and whether the norm's elements past the last vector are
+added plainly (x² rounded, then added: torch's DEFAULT build) or in fours plainly and the rest
+by a fused multiply-add (its AVX2 build, as the compiler emitted that loop). A few rows are
+reduced every known way at first use; where no candidate equals torch on all of them, nothing
+is reproduced (`exact_here` is False) and callers take their own path. Each output row is
+reduced by one thread in that order whatever torch's thread count. A piece must start at a
+multiple of `ALIGN` elements of its row.
 """
 
 from __future__ import annotations
