@@ -117,7 +117,7 @@ class Sce:
         """The selection's cut and the models' weights: passes over the whole tensor."""
         probe = self.read(self.sources[0], 0, 1)  # the inputs' dtype and device
         if 0 < self.density < 1:
-            on_cpu = probe.device.type == "cpu"
+            on_cpu = probe.device.type == "cpu"  # the held selection is numpy's
             held = self._held() if self.numel <= self.in_memory and on_cpu else None
             if held is not None:  # |variances| are never -0: a key of 0 is a zero
                 nonzero = int(np.count_nonzero(held))

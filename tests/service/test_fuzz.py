@@ -46,11 +46,11 @@ def api_schemas(tmp_path: Path, examples: Path) -> Iterator[list[OpenApiSchema]]
             schemas = []
             for name, url in urls.items():
                 service_settings = make_settings(tmp_path / name, url)
+                root = service_settings.source_roots[0]
                 for model in ("base", "math", "swh"):
-                    roots = (Path(), Path("examples"))  # and where the spec's example looks
-                    for root in roots:
-                        target = service_settings.source_roots[0] / root / model
-                        shutil.copytree(examples / model, target)
+                    shutil.copytree(examples / model, root / model)
+                    # where the spec's documented example request looks for them
+                    shutil.copytree(examples / model, root / "examples" / model)
                 upgrade(url)
                 apps.append(build_app(service_settings))
                 schemas.append(schemathesis.openapi.from_asgi("/openapi.json", apps[-1]))
